@@ -1,0 +1,30 @@
+# The README's two commands: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check alkstore_sa tests benchmarks examples
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

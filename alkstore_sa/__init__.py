@@ -1,0 +1,47 @@
+"""alkstore_sa: durable queues stored in your database, committed in your transaction."""
+
+from __future__ import annotations
+
+from .errors import (
+    AlkstoreError,
+    DatabaseError,
+    HandleConsumed,
+    InvalidName,
+    InvalidOptions,
+    InvalidSpec,
+    LeadershipLost,
+    NotInstalled,
+    PayloadError,
+    StoreClosed,
+)
+from .model import Job, QueueStats, SweepResult
+from .queue import JobHandle, Queue, QueueOpts
+from .schema import metadata
+from .store import Store
+from .transactional import enqueue, enqueue_many, get_job
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlkstoreError",
+    "DatabaseError",
+    "HandleConsumed",
+    "InvalidName",
+    "InvalidOptions",
+    "InvalidSpec",
+    "Job",
+    "JobHandle",
+    "LeadershipLost",
+    "NotInstalled",
+    "PayloadError",
+    "Queue",
+    "QueueOpts",
+    "QueueStats",
+    "Store",
+    "StoreClosed",
+    "SweepResult",
+    "enqueue",
+    "enqueue_many",
+    "get_job",
+    "metadata",
+]

@@ -1,0 +1,394 @@
+"""The backend interface: one method per queue operation or state transition.
+
+Statements are SQLAlchemy Core expressions, compiled once per backend (dialect + schema)
+into driver SQL and cached; operations then run that SQL on an Executor, which is either
+one of the store's own driver connections (autocommit, so a single-statement operation is
+one round trip) or the caller's SQLAlchemy Connection (the caller's transaction).
+Statements shared by both engines live here; each engine overrides what differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+
+from ..errors import DatabaseError, NotInstalled
+from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, dead_jobs, jobs
+
+# State values are inlined as literals (never bound): SQLite only uses a partial index
+# when the query's WHERE literally implies the index's WHERE.
+PENDING = sa.literal_column("'pending'")
+PROCESSING = sa.literal_column("'processing'")
+DEAD = sa.literal_column("'dead'")
+EMPTY_ERRORS = sa.literal_column("'[]'")
+ZERO = sa.literal_column("0")
+
+ONE = sa.literal_column("1")
+EXHAUSTED = "max attempts exceeded"
+EXPIRED = "expired"
+EXHAUSTED_SQL = sa.literal_column(f"'{EXHAUSTED}'")
+EXPIRED_SQL = sa.literal_column(f"'{EXPIRED}'")
+
+
+def bp(name: str, type_: Any) -> sa.BindParameter[Any]:
+    return sa.bindparam(name, type_=type_)
+
+
+class Executor(Protocol):
+    """Runs compiled driver SQL with a dict of parameters."""
+
+    def rows(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]: ...
+
+    def rowcount(self, sql: str, params: Mapping[str, Any]) -> int: ...
+
+    def transaction(self) -> AbstractContextManager[None]: ...
+
+
+LIVE_COLUMNS = [jobs.c[f] for f in JOB_FIELDS] + [jobs.c.state]
+DEAD_COLUMNS = [dead_jobs.c[f] for f in JOB_FIELDS] + [DEAD, dead_jobs.c.last_error, dead_jobs.c.died_at]
+
+
+class Backend:
+    """Dialect-specific SQL for every operation; subclasses fill in what differs."""
+
+    name: ClassVar[str]
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = schema
+        self._sql: dict[str, str] = {}
+        self.dialect = self.compile_dialect()
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def compile_dialect(self) -> Dialect:
+        raise NotImplementedError
+
+    def target_schema(self) -> str:
+        """What the declared ``alkstore`` schema is rendered as."""
+        raise NotImplementedError
+
+    def now(self) -> sa.ColumnElement[float]:
+        """The operation's single time reading: the ``now`` parameter, or the database clock."""
+        raise NotImplementedError
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+    def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
+        """``errors`` (a JSON array as text) with ``{attempt, error, at}`` appended, built in
+        SQL so the entry's time is the operation's clock reading."""
+        raise NotImplementedError
+
+    def errors_after(self, src: Any) -> sa.ColumnElement[str]:
+        """The history after an op that may carry an error (``:error`` NULL = nothing to add)."""
+        return sa.case(
+            (bp("error", sa.Text).is_(None), src.c.errors),
+            else_=self.append_error(src.c.errors, src.c.attempts),
+        )
+
+    def prepare_connection(self, dbapi_conn: Any) -> Any:
+        """Put a driver connection in autocommit mode; return what restores it."""
+        raise NotImplementedError
+
+    def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
+        raise NotImplementedError
+
+    def begin(self, dbapi_conn: Any) -> AbstractContextManager[None]:
+        """A write transaction on one of the store's own (autocommit) connections."""
+        raise NotImplementedError
+
+    def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
+        return False
+
+    def limit(self, stmt: sa.Select[Any], key: str) -> sa.Select[Any]:
+        """``LIMIT :key`` with a bound limit."""
+        return stmt.limit(bp(key, sa.Integer))
+
+    # -- compilation -----------------------------------------------------------------------
+
+    def sql(self, key: str, build: Callable[[], sa.Executable]) -> str:
+        """Driver SQL for a statement, compiled once per backend and reused."""
+        try:
+            return self._sql[key]
+        except KeyError:
+            compiled = build().compile(
+                dialect=self.dialect,
+                schema_translate_map={DEFAULT_SCHEMA: self.target_schema()},
+                render_schema_translate=True,
+            )
+            anonymous = [b.key for b in compiled.binds.values() if b.unique]
+            if anonymous:  # a literal became an anonymous parameter the executor never passes
+                raise AssertionError(f"statement {key!r} has anonymous parameters {anonymous}")
+            self._sql[key] = text = compiled.string
+            return text
+
+    def translate_error(self, exc: BaseException) -> BaseException:
+        """The one place driver exceptions become alkstore errors."""
+        orig = getattr(exc, "orig", None) or exc
+        if self.is_missing_table(orig):
+            err: BaseException = NotInstalled()
+        else:
+            err = DatabaseError(f"{type(orig).__name__}: {orig}".strip(), orig=orig)
+        err.__cause__ = exc
+        return err
+
+    # -- shared predicates -----------------------------------------------------------------
+
+    def not_expired(self) -> sa.ColumnElement[bool]:
+        return sa.or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > self.now())
+
+    def this_claim(self) -> sa.ColumnElement[bool]:
+        """The validity predicate: processing under *this* claim, deadline not passed.
+
+        The attempt number identifies the claim (every claim increments it; no other
+        transition touches it), so two workers with the same worker_id cannot act on each
+        other's claims, and a reclaim invalidates the earlier holder atomically.
+        """
+        return sa.and_(
+            jobs.c.id == bp("id", sa.BigInteger),
+            jobs.c.state == PROCESSING,
+            jobs.c.attempts == bp("attempts", sa.Integer),
+            jobs.c.claim_expires_at > self.now(),
+        )
+
+    def dead_values(self, src: Any, last_error: Any, errors: Any = None) -> list[Any]:
+        """Columns for an INSERT INTO dead SELECT from a live-shaped source ``src``."""
+        cols = [src.c[f] for f in JOB_FIELDS if f != "errors"]
+        return cols + [src.c.errors if errors is None else errors, last_error, self.now()]
+
+    DEAD_INSERT_COLUMNS = [f for f in JOB_FIELDS if f != "errors"] + ["errors", "last_error", "died_at"]
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def _enqueue_values(self, payload: Any) -> dict[str, Any]:
+        now = self.now()
+        return {
+            "queue": bp("queue", sa.Text),
+            "state": PENDING,
+            "payload": payload,
+            "priority": bp("priority", sa.Integer),
+            "attempts": ZERO,
+            "max_attempts": bp("max_attempts", sa.Integer),
+            "visibility_timeout": bp("visibility_timeout", sa.Double),
+            "backoff_base": bp("backoff_base", sa.Double),
+            "dead_letter_retention": sa.cast(bp("dead_letter_retention", sa.Double), sa.Double),
+            "created_at": now,
+            # delay wins over run_at; neither means now
+            "run_at": sa.func.coalesce(
+                now + sa.cast(bp("delay", sa.Double), sa.Double),
+                sa.cast(bp("run_at", sa.Double), sa.Double),
+                now,
+            ),
+            "expires_at": now + sa.cast(bp("expires", sa.Double), sa.Double),
+            "errors": EMPTY_ERRORS,
+        }
+
+    def enqueue(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        sql = self.sql(
+            "enqueue",
+            lambda: sa.insert(jobs)
+            .values(self._enqueue_values(bp("payload", sa.Text)))
+            .returning(jobs.c.id),
+        )
+        return ex.rows(sql, params)[0][0]
+
+    def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
+        raise NotImplementedError
+
+    def _enqueue_many_from(self, source: Any, value: Any, order: Any) -> sa.Executable:
+        values = self._enqueue_values(value)
+        return (
+            sa.insert(jobs)
+            .from_select(list(values), sa.select(*values.values()).order_by(order))
+            .returning(jobs.c.id)
+        )
+
+    # -- claim -----------------------------------------------------------------------------
+
+    def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _claimable(self) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """The two candidate scans, each an ordered index range: ready pending rows, and
+        processing rows whose claim lapsed with attempts left (reclaims)."""
+        now = self.now()
+        order = (jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
+        cols = (jobs.c.id, jobs.c.priority, jobs.c.run_at)
+        queue = jobs.c.queue == bp("queue", sa.Text)
+        pending = (
+            sa.select(*cols)
+            .where(queue, jobs.c.state == PENDING, jobs.c.run_at <= now, self.not_expired())
+            .order_by(*order)
+        )
+        lapsed = (
+            sa.select(*cols)
+            .where(
+                queue,
+                jobs.c.state == PROCESSING,
+                jobs.c.claim_expires_at <= now,
+                jobs.c.attempts < jobs.c.max_attempts,
+                self.not_expired(),
+            )
+            .order_by(*order)
+        )
+        return self.limit(pending, "n"), self.limit(lapsed, "n")
+
+    def _exhausted(self) -> sa.ColumnElement[bool]:
+        """Reclaimable rows that already used every attempt: they go dead before a claim."""
+        return sa.and_(
+            jobs.c.queue == bp("queue", sa.Text),
+            jobs.c.state == PROCESSING,
+            jobs.c.claim_expires_at <= self.now(),
+            jobs.c.attempts >= jobs.c.max_attempts,
+            self.not_expired(),
+        )
+
+    def _claim_values(self) -> dict[str, Any]:
+        now = self.now()
+        return {
+            "state": PROCESSING,
+            "attempts": jobs.c.attempts + ONE,
+            "claimed_at": now,
+            "claim_expires_at": now + jobs.c.visibility_timeout,
+            "worker_id": bp("worker_id", sa.Text),
+        }
+
+    # -- handle transitions ----------------------------------------------------------------
+
+    def ack(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        sql = self.sql("ack", lambda: sa.delete(jobs).where(self.this_claim()))
+        return ex.rowcount(sql, params) == 1
+
+    def heartbeat(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        sql = self.sql(
+            "heartbeat",
+            lambda: sa.update(jobs)
+            .where(self.this_claim())
+            .values(claim_expires_at=self.now() + sa.cast(bp("extend", sa.Double), sa.Double)),
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def retry(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        sql = self.sql(
+            "retry",
+            lambda: sa.update(jobs)
+            .where(self.this_claim())
+            .values(
+                state=PENDING,
+                run_at=self.now() + sa.cast(bp("delay", sa.Double), sa.Double),
+                claim_expires_at=sa.null(),
+                errors=self.append_error(jobs.c.errors, jobs.c.attempts),
+            ),
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def bury(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        """Move one claimed job to dead (fail, or retry at budget), atomically."""
+        raise NotImplementedError
+
+    # -- queue operations ------------------------------------------------------------------
+
+    def ack_batch(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        raise NotImplementedError
+
+    def _ack_batch(self, id_match: sa.ColumnElement[bool]) -> sa.Executable:
+        return sa.delete(jobs).where(
+            id_match,
+            jobs.c.queue == bp("queue", sa.Text),
+            jobs.c.state == PROCESSING,
+            jobs.c.claim_expires_at > self.now(),
+        )
+
+    def cancel(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        sql = self.sql(
+            "cancel",
+            lambda: sa.delete(jobs).where(
+                jobs.c.id == bp("id", sa.BigInteger), jobs.c.queue == bp("queue", sa.Text)
+            ),
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def get_job(self, ex: Executor, params: Mapping[str, Any], *, by_queue: bool) -> tuple[Any, ...] | None:
+        def build() -> sa.Executable:
+            null = sa.null()
+            live = sa.select(*LIVE_COLUMNS, null, null).where(jobs.c.id == bp("id", sa.BigInteger))
+            dead = sa.select(*DEAD_COLUMNS).where(dead_jobs.c.id == bp("id", sa.BigInteger))
+            if by_queue:
+                live = live.where(jobs.c.queue == bp("queue", sa.Text))
+                dead = dead.where(dead_jobs.c.queue == bp("queue", sa.Text))
+            return sa.union_all(live, dead)
+
+        rows = ex.rows(self.sql(f"get_job:{by_queue}", build), params)
+        return rows[0] if rows else None
+
+    def dead_jobs(self, ex: Executor, params: Mapping[str, Any], *, before: bool) -> list[tuple[Any, ...]]:
+        def build() -> sa.Executable:
+            stmt = sa.select(*DEAD_COLUMNS).where(dead_jobs.c.queue == bp("queue", sa.Text))
+            if before:
+                stmt = stmt.where(dead_jobs.c.id < bp("before_id", sa.BigInteger))
+            return self.limit(stmt.order_by(dead_jobs.c.id.desc()), "limit")
+
+        return ex.rows(self.sql(f"dead_jobs:{before}", build), params)
+
+    def requeue_dead(self, ex: Executor, params: Mapping[str, Any]) -> int | None:
+        """Delete a dead row and enqueue its payload afresh, in one transaction.
+
+        Deleting first (with RETURNING) is what makes two racing requeues of the same dead
+        job produce one new job: only one DELETE gets the row.
+        """
+        take = self.sql(
+            "requeue_dead:take",
+            lambda: sa.delete(dead_jobs)
+            .where(dead_jobs.c.id == bp("id", sa.BigInteger), dead_jobs.c.queue == bp("queue", sa.Text))
+            .returning(dead_jobs.c.payload, dead_jobs.c.priority),
+        )
+        with ex.transaction():
+            rows = ex.rows(take, params)
+            if not rows:
+                return None
+            payload, priority = rows[0]
+            return self.enqueue(ex, {**params, "payload": payload, "priority": priority})
+
+    def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _expired(self) -> sa.ColumnElement[bool]:
+        return sa.and_(jobs.c.queue == bp("queue", sa.Text), jobs.c.expires_at <= self.now())
+
+    def _purgeable(self) -> sa.ColumnElement[bool]:
+        return sa.and_(
+            dead_jobs.c.queue == bp("queue", sa.Text),
+            dead_jobs.c.dead_letter_retention.is_not(None),
+            dead_jobs.c.died_at + dead_jobs.c.dead_letter_retention <= self.now(),
+        )
+
+    def stats(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        def build() -> sa.Executable:
+            now = self.now()
+            queue = bp("queue", sa.Text)
+            ready = sa.and_(
+                jobs.c.queue == queue, jobs.c.state == PENDING, jobs.c.run_at <= now, self.not_expired()
+            )
+
+            def scalar(expr: Any, *where: Any, table: Any = jobs) -> Any:
+                return sa.select(expr).select_from(table).where(*where).scalar_subquery()
+
+            return sa.select(
+                scalar(sa.func.count(), jobs.c.queue == queue, jobs.c.state == PENDING),
+                scalar(sa.func.count(), ready),
+                scalar(sa.func.min(jobs.c.run_at), ready),
+                scalar(sa.func.count(), jobs.c.queue == queue, jobs.c.state == PROCESSING),
+                scalar(sa.func.count(), dead_jobs.c.queue == queue, table=dead_jobs),
+                now,
+            )
+
+        return ex.rows(self.sql("stats", build), params)[0]
+
+
+def chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), size):
+        yield seq[i : i + size]

@@ -1,0 +1,168 @@
+"""PostgreSQL (psycopg 3): SKIP LOCKED claims, and every live/dead move as ONE statement
+(data-modifying CTEs), so each is atomic and one round trip on an autocommit connection."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+from ..schema import JOB_FIELDS, dead_jobs, jobs
+from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, Backend, Executor, bp
+
+# sqlstates: undefined_table, invalid_schema_name
+_MISSING = {"42P01", "3F000"}
+
+
+def _materialized(select: sa.Select[Any], name: str) -> sa.CTE:
+    # MATERIALIZED is the fence: without it PostgreSQL may inline the CTE and re-run a
+    # LIMIT ... SKIP LOCKED subquery per outer row, handing out more than n rows.
+    return select.cte(name).prefix_with("MATERIALIZED")
+
+
+class PostgresBackend(Backend):
+    name = "postgresql"
+
+    def compile_dialect(self) -> Dialect:
+        return postgresql.psycopg.dialect()
+
+    def target_schema(self) -> str:
+        return self.schema
+
+    def now(self) -> sa.ColumnElement[float]:
+        # statement_timestamp() is fixed for the whole statement: one clock reading per op.
+        return sa.func.coalesce(
+            sa.cast(bp("now", sa.Double), sa.Double),
+            sa.func.date_part(sa.literal_column("'epoch'"), sa.func.statement_timestamp()),
+        )
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) in _MISSING
+
+    def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
+        entry = sa.func.jsonb_build_object(
+            sa.literal_column("'attempt'"), attempts,
+            sa.literal_column("'error'"), sa.cast(bp("error", sa.Text), sa.Text),
+            sa.literal_column("'at'"), self.now(),
+        )
+        appended = sa.cast(errors, postgresql.JSONB).op("||")(sa.func.jsonb_build_array(entry))
+        return sa.cast(appended, sa.Text)
+
+    def prepare_connection(self, dbapi_conn: Any) -> Any:
+        saved = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        return saved
+
+    def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
+        dbapi_conn.autocommit = saved
+
+    def begin(self, dbapi_conn: Any) -> AbstractContextManager[None]:
+        return dbapi_conn.transaction()  # type: ignore[no-any-return]
+
+    def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
+        return bool(getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False))
+
+    def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
+        def build() -> sa.Executable:
+            src = (
+                sa.func.unnest(bp("payloads", postgresql.ARRAY(sa.Text)))
+                .table_valued("value", with_ordinality="ord")
+                .render_derived()
+            )
+            return self._enqueue_many_from(src, src.c.value, src.c.ord)
+
+        rows = ex.rows(self.sql("enqueue_many", build), {**params, "payloads": payloads})
+        # one INSERT ... SELECT in ordinality order: sequence values follow the input order
+        return sorted(r[0] for r in rows)
+
+    def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        def build() -> sa.Executable:
+            # 1. exhausted reclaimables move to dead in the same statement as the claim
+            exhausted = _materialized(
+                sa.select(jobs.c.id).where(self._exhausted()).with_for_update(skip_locked=True),
+                "exhausted",
+            )
+            gone = (
+                sa.delete(jobs)
+                .where(jobs.c.id.in_(sa.select(exhausted.c.id)))
+                .returning(*[jobs.c[f] for f in JOB_FIELDS])
+                .cte("gone")
+            )
+            buried = sa.insert(dead_jobs).from_select(
+                self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(gone, EXHAUSTED_SQL))
+            ).cte("buried")
+            # 2. each candidate scan locks what it takes and skips what others hold
+            pending, lapsed = self._claimable()
+            pend = _materialized(pending.with_for_update(skip_locked=True), "pend")
+            recl = _materialized(lapsed.with_for_update(skip_locked=True), "recl")
+            both = sa.union_all(sa.select(pend), sa.select(recl)).subquery("cand")
+            picked = _materialized(
+                sa.select(both.c.id)
+                .order_by(both.c.priority.desc(), both.c.run_at, both.c.id)
+                .limit(bp("n", sa.Integer)),
+                "picked",
+            )
+            return (
+                sa.update(jobs)
+                .where(jobs.c.id == picked.c.id)
+                .values(self._claim_values())
+                .returning(*LIVE_COLUMNS)
+                .add_cte(buried)
+            )
+
+        return ex.rows(self.sql("claim", build), params)
+
+    def bury(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        def build() -> sa.Executable:
+            gone = (
+                sa.delete(jobs)
+                .where(self.this_claim())
+                .returning(*[jobs.c[f] for f in JOB_FIELDS])
+                .cte("gone")
+            )
+            return (
+                sa.insert(dead_jobs)
+                .from_select(
+                    self.DEAD_INSERT_COLUMNS,
+                    sa.select(
+                        *self.dead_values(gone, bp("last_error", sa.Text), self.errors_after(gone))
+                    ),
+                )
+                .returning(dead_jobs.c.id)
+            )
+
+        return len(ex.rows(self.sql("bury", build), params)) == 1
+
+    def ack_batch(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        sql = self.sql(
+            "ack_batch",
+            lambda: self._ack_batch(jobs.c.id == sa.any_(bp("ids", postgresql.ARRAY(sa.BigInteger)))),
+        )
+        return ex.rowcount(sql, params)
+
+    def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
+        def build() -> sa.Executable:
+            gone = (
+                sa.delete(jobs)
+                .where(self._expired())
+                .returning(*[jobs.c[f] for f in JOB_FIELDS])
+                .cte("gone")
+            )
+            buried = (
+                sa.insert(dead_jobs)
+                .from_select(self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(gone, EXPIRED_SQL)))
+                .returning(dead_jobs.c.id)
+                .cte("buried")
+            )
+            purged = sa.delete(dead_jobs).where(self._purgeable()).returning(dead_jobs.c.id).cte("purged")
+            return sa.select(
+                sa.select(sa.func.count()).select_from(buried).scalar_subquery(),
+                sa.select(sa.func.count()).select_from(purged).scalar_subquery(),
+            )
+
+        expired, purged = ex.rows(self.sql("sweep", build), params)[0]
+        return expired, purged

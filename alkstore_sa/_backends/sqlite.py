@@ -1,0 +1,145 @@
+"""SQLite: the library's write transactions begin IMMEDIATE (taking the single writer lock
+up front, so a read-then-write can never fail on a lock upgrade); a claim is one
+writer-serialized ``UPDATE ... RETURNING``; moves are INSERT + DELETE in that transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Dialect
+
+from ..schema import JOB_FIELDS, dead_jobs, jobs
+from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, ZERO, Backend, Executor, bp
+
+
+class SQLiteBackend(Backend):
+    name = "sqlite"
+
+    def compile_dialect(self) -> Dialect:
+        return sqlite.pysqlite.dialect(paramstyle="named")
+
+    def target_schema(self) -> str:
+        return "main"  # the caller's own database file: jobs commit with the caller's rows
+
+    def limit(self, stmt: sa.Select[Any], key: str) -> sa.Select[Any]:
+        # SQLAlchemy pairs a bound SQLite LIMIT with an anonymous OFFSET parameter; an
+        # inline OFFSET 0 keeps every parameter named (the executor passes only those).
+        return stmt.limit(bp(key, sa.Integer)).offset(ZERO)
+
+    def now(self) -> sa.ColumnElement[float]:
+        # SQLite runs in this process, so the database clock is this host's clock: the store
+        # always passes one reading (time.time() or the injected clock) per operation.
+        return bp("now", sa.Double)
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc)
+
+    def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
+        entry = sa.func.json_object(
+            sa.literal_column("'attempt'"), attempts,
+            sa.literal_column("'error'"), bp("error", sa.Text),
+            sa.literal_column("'at'"), self.now(),
+        )
+        return sa.func.json_insert(errors, sa.literal_column("'$[#]'"), entry)
+
+    def prepare_connection(self, dbapi_conn: Any) -> Any:
+        saved = dbapi_conn.isolation_level
+        dbapi_conn.isolation_level = None  # autocommit: the store issues BEGIN IMMEDIATE itself
+        return saved
+
+    def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
+        dbapi_conn.isolation_level = saved
+
+    def begin(self, dbapi_conn: Any) -> AbstractContextManager[None]:
+        @contextmanager
+        def tx() -> Iterator[None]:
+            dbapi_conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                dbapi_conn.execute("ROLLBACK")
+                raise
+            dbapi_conn.execute("COMMIT")
+
+        return tx()
+
+    def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
+        import json
+
+        def build() -> sa.Executable:
+            src = sa.func.json_each(bp("payloads", sa.Text)).table_valued("value", "key")
+            return self._enqueue_many_from(src, src.c.value, src.c.key)
+
+        rows = ex.rows(self.sql("enqueue_many", build), {**params, "payloads": json.dumps(payloads)})
+        return sorted(r[0] for r in rows)
+
+    def _bury_where(self, where: sa.ColumnElement[bool], last_error: Any, with_error: bool = False) -> sa.Executable:
+        src = sa.select(*[jobs.c[f] for f in JOB_FIELDS]).where(where).subquery("src")
+        errors = self.errors_after(src) if with_error else None
+        return sa.insert(dead_jobs).from_select(
+            self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(src, last_error, errors))
+        )
+
+    def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        bury = self.sql("claim:bury", lambda: self._bury_where(self._exhausted(), EXHAUSTED_SQL))
+        drop = self.sql("claim:drop", lambda: sa.delete(jobs).where(self._exhausted()))
+
+        def build() -> sa.Executable:
+            pending, lapsed = self._claimable()
+            both = sa.union_all(
+                sa.select(pending.subquery("pend")), sa.select(lapsed.subquery("recl"))
+            ).subquery("cand")
+            picked = self.limit(
+                sa.select(both.c.id).order_by(both.c.priority.desc(), both.c.run_at, both.c.id), "n"
+            )
+            return (
+                sa.update(jobs)
+                .where(jobs.c.id.in_(picked))
+                .values(self._claim_values())
+                .returning(*LIVE_COLUMNS)
+            )
+
+        claim = self.sql("claim", build)
+        with ex.transaction():
+            if ex.rowcount(bury, params):
+                ex.rowcount(drop, params)
+            rows = ex.rows(claim, params)
+        return rows
+
+    def bury(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        bury = self.sql(
+            "bury",
+            lambda: self._bury_where(self.this_claim(), bp("last_error", sa.Text), with_error=True),
+        )
+        drop = self.sql("bury:drop", lambda: sa.delete(jobs).where(jobs.c.id == bp("id", sa.BigInteger)))
+        with ex.transaction():
+            if not ex.rowcount(bury, params):
+                return False
+            ex.rowcount(drop, params)
+        return True
+
+    def ack_batch(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        def build() -> sa.Executable:
+            ids = sa.func.json_each(bp("ids", sa.Text)).table_valued("value")
+            return self._ack_batch(jobs.c.id.in_(sa.select(ids.c.value)))
+
+        import json
+
+        return ex.rowcount(self.sql("ack_batch", build), {**params, "ids": json.dumps(params["ids"])})
+
+    def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
+        bury = self.sql("sweep:bury", lambda: self._bury_where(self._expired(), EXPIRED_SQL))
+        drop = self.sql("sweep:drop", lambda: sa.delete(jobs).where(self._expired()))
+        purge = self.sql("sweep:purge", lambda: sa.delete(dead_jobs).where(self._purgeable()))
+        with ex.transaction():
+            # purge first: rows this sweep kills are not yet past any retention
+            purged = ex.rowcount(purge, params)
+            expired = ex.rowcount(bury, params)
+            if expired:
+                ex.rowcount(drop, params)
+        return expired, purged

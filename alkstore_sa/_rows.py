@@ -1,0 +1,61 @@
+"""Driver rows → Job values (one place that knows the column order)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from ._validate import decode_payload
+from .model import Job
+from .schema import JOB_FIELDS
+
+_I = {f: i for i, f in enumerate(JOB_FIELDS)}
+_STATE = len(JOB_FIELDS)
+
+
+def ts(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, timezone.utc)
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _errors(text: str) -> list[dict[str, Any]]:
+    entries = json.loads(text)
+    return [
+        {"attempt": e["attempt"], "error": e["error"], "at": ts(e["at"])}
+        for e in entries
+    ]
+
+
+def job_from_row(row: tuple[Any, ...]) -> Job:
+    """A row laid out as JOB_FIELDS + state (+ last_error, died_at for dead rows)."""
+    dead = row[_STATE] == "dead"
+    return Job(
+        id=row[0],
+        queue=row[_I["queue"]],
+        state=row[_STATE],
+        payload=decode_payload(row[_I["payload"]]),
+        priority=row[_I["priority"]],
+        attempts=row[_I["attempts"]],
+        max_attempts=row[_I["max_attempts"]],
+        visibility_timeout=float(row[_I["visibility_timeout"]]),
+        backoff_base=float(row[_I["backoff_base"]]),
+        dead_letter_retention=_float(row[_I["dead_letter_retention"]]),
+        created_at=ts(row[_I["created_at"]]),  # type: ignore[arg-type]
+        run_at=ts(row[_I["run_at"]]),  # type: ignore[arg-type]
+        claimed_at=ts(row[_I["claimed_at"]]),
+        claim_expires_at=ts(row[_I["claim_expires_at"]]),
+        worker_id=row[_I["worker_id"]],
+        expires_at=ts(row[_I["expires_at"]]),
+        errors=_errors(row[_I["errors"]]),
+        last_error=row[_STATE + 1] if dead else None,
+        died_at=ts(row[_STATE + 2]) if dead else None,
+    )
+
+
+def claim_order_key(row: tuple[Any, ...]) -> tuple[int, float, int]:
+    """Claim order (priority DESC, run_at, id): RETURNING does not promise any order."""
+    return (-row[_I["priority"]], row[_I["run_at"]], row[0])

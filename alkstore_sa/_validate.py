@@ -1,0 +1,133 @@
+"""Argument validation: every check runs in Python before any SQL, so bad input writes nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import InvalidName, InvalidOptions, PayloadError
+
+RESERVED_PREFIX = "__alkstore"
+MAX_NAME_LENGTH = 200
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+MAX_DURATION = 100 * 365.25 * 86400.0  # "a duration over 100 years" is refused
+
+Duration = int | float | timedelta
+
+
+def _utf8_clean(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def name(value: object, what: str = "name", *, allow_reserved: bool = False) -> str:
+    """Validate a user-facing name (queue, outbox, schedule, stream, lock, channel, consumer)."""
+    if not isinstance(value, str):
+        raise InvalidName(f"{what} must be a str, got {type(value).__name__}")
+    if not value:
+        raise InvalidName(f"{what} must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidName(f"{what} is longer than {MAX_NAME_LENGTH} characters")
+    if "\x00" in value:
+        raise InvalidName(f"{what} must not contain NUL")
+    if not _utf8_clean(value):
+        raise InvalidName(f"{what} must be valid Unicode (no lone surrogates)")
+    if not allow_reserved and value.startswith(RESERVED_PREFIX):
+        raise InvalidName(f"{what} {value!r} starts with the reserved prefix {RESERVED_PREFIX!r}")
+    return value
+
+
+def worker_id(value: object) -> str:
+    """A claimant label: a non-empty str of at most 200 characters with no NUL."""
+    if not isinstance(value, str) or not value:
+        raise InvalidOptions("worker_id must be a non-empty str")
+    if len(value) > MAX_NAME_LENGTH or "\x00" in value or not _utf8_clean(value):
+        raise InvalidOptions("worker_id must be at most 200 characters of valid text without NUL")
+    return value
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidOptions(f"{what} must be a number, got {type(value).__name__}")
+    try:
+        f = float(value)
+    except OverflowError:
+        raise InvalidOptions(f"{what} is too large") from None
+    if math.isnan(f) or math.isinf(f):
+        raise InvalidOptions(f"{what} must be finite")
+    return f
+
+
+def duration(value: object, what: str, *, minimum: float = 0.0, inclusive: bool = True) -> float:
+    """Seconds (int/float) or a timedelta, finite, within [minimum, 100 years]."""
+    f = value.total_seconds() if isinstance(value, timedelta) else _number(value, what)
+    if inclusive and f < minimum:
+        raise InvalidOptions(f"{what} must be >= {minimum:g}, got {f!r}")
+    if not inclusive and f <= minimum:
+        raise InvalidOptions(f"{what} must be > {minimum:g}, got {f!r}")
+    if f > MAX_DURATION:
+        raise InvalidOptions(f"{what} must not exceed 100 years")
+    return f
+
+
+def optional_duration(value: object, what: str, **kw: Any) -> float | None:
+    return None if value is None else duration(value, what, **kw)
+
+
+def int32(value: object, what: str, *, minimum: int = INT32_MIN) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOptions(f"{what} must be an int, got {type(value).__name__}")
+    if value < minimum or value > INT32_MAX:
+        raise InvalidOptions(f"{what} must be in [{minimum}, {INT32_MAX}], got {value}")
+    return value
+
+
+def max_attempts(value: object) -> int:
+    return int32(value, "max_attempts", minimum=1)
+
+
+def aware_datetime(value: object, what: str) -> float:
+    """An aware datetime as epoch seconds."""
+    if not isinstance(value, datetime):
+        raise InvalidOptions(f"{what} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise InvalidOptions(f"{what} must be timezone-aware")
+    return value.timestamp()
+
+
+def error_text(value: object, what: str = "error") -> str:
+    """An error string as stored: NUL and lone surrogates become U+FFFD (databases refuse them)."""
+    if not isinstance(value, str):
+        raise InvalidOptions(f"{what} must be a str, got {type(value).__name__}")
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    if not _utf8_clean(value):
+        value = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+    return value
+
+
+def encode_payload(payload: object, max_bytes: int) -> str:
+    """Serialize a payload as strict JSON text that any database text column can hold."""
+    try:
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not strict JSON: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        # lone surrogates cannot be stored as UTF-8: keep them as JSON \u escapes instead
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=True, separators=(",", ":"))
+        size = len(text)
+    if size > max_bytes:
+        raise PayloadError(f"payload is {size} bytes serialized; the limit is {max_bytes}")
+    return text
+
+
+def decode_payload(text: str) -> Any:
+    return json.loads(text)

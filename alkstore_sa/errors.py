@@ -1,0 +1,77 @@
+"""The error family of SPEC §3: every error this library raises derives from AlkstoreError."""
+
+from __future__ import annotations
+
+
+class AlkstoreError(Exception):
+    """Base class of every error raised by alkstore_sa."""
+
+    default_message = "alkstore error"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.default_message)
+
+
+class InvalidName(AlkstoreError, ValueError):
+    """A queue/outbox/schedule/stream/lock/channel/consumer name is not acceptable."""
+
+    default_message = "invalid name"
+
+
+class InvalidOptions(AlkstoreError, ValueError):
+    """An option is out of range, of the wrong type, NaN/infinite, or otherwise unusable."""
+
+    default_message = "invalid options"
+
+
+class InvalidSpec(AlkstoreError, ValueError):
+    """A schedule spec is not of the form ``@every <n><s|m|h|d>``."""
+
+    default_message = "invalid schedule spec"
+
+    def __init__(self, spec: object, message: str | None = None) -> None:
+        self.spec = spec
+        super().__init__(message or f"invalid schedule spec {spec!r}: expected '@every <n><s|m|h|d>'")
+
+
+class PayloadError(AlkstoreError, ValueError):
+    """A payload is not strict JSON, or its serialized form is larger than the store allows."""
+
+    default_message = "payload is not strict JSON"
+
+
+class StoreClosed(AlkstoreError):
+    """The store (or the store behind a handle) was closed."""
+
+    default_message = "the store is closed"
+
+
+class NotInstalled(AlkstoreError):
+    """The store's tables are missing from the database."""
+
+    default_message = (
+        "alkstore tables are not installed in this database: run `alkstore migrate --url URL`, "
+        "`alembic upgrade head`, or Store.install()"
+    )
+
+
+class HandleConsumed(AlkstoreError):
+    """A second one-shot operation (ack, retry, fail) was attempted on the same JobHandle."""
+
+    default_message = "this job handle was already consumed by ack, retry or fail"
+
+
+class LeadershipLost(AlkstoreError):
+    """run_schedules lost its leadership lease."""
+
+    default_message = "scheduler leadership lease was lost"
+
+
+class DatabaseError(AlkstoreError):
+    """The database refused a statement; the driver's exception is ``__cause__`` and ``.orig``."""
+
+    default_message = "database error"
+
+    def __init__(self, message: str | None = None, orig: BaseException | None = None) -> None:
+        self.orig = orig
+        super().__init__(message)

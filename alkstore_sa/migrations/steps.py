@@ -1,0 +1,124 @@
+"""Versioned schema steps, written with ``alembic.op`` so they run online and offline (--sql).
+
+Each step is frozen once released: a later schema change is a new step, never an edit.
+The package's own revisions call these, and so can an application's own Alembic revision
+(``alkstore_sa.migrations.steps.upgrade(to=N)``) so the app keeps a single head.
+``schema`` is the PostgreSQL schema, or None on SQLite (prefixed tables in the main file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from alembic import op
+
+HEAD = 1
+
+
+def _job_columns() -> list[sa.Column]:
+    return [
+        sa.Column("queue", sa.Text, nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("priority", sa.Integer, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        sa.Column("max_attempts", sa.Integer, nullable=False),
+        sa.Column("visibility_timeout", sa.Double, nullable=False),
+        sa.Column("backoff_base", sa.Double, nullable=False),
+        sa.Column("dead_letter_retention", sa.Double, nullable=True),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("run_at", sa.Double, nullable=False),
+        sa.Column("claimed_at", sa.Double, nullable=True),
+        sa.Column("claim_expires_at", sa.Double, nullable=True),
+        sa.Column("worker_id", sa.Text, nullable=True),
+        sa.Column("expires_at", sa.Double, nullable=True),
+        sa.Column("errors", sa.Text, nullable=False),
+    ]
+
+
+_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _partial(where: str) -> dict[str, object]:
+    return {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
+
+
+def upgrade_v1(schema: str | None) -> None:
+    """Live and dead job storage with the claim-path indexes."""
+    if schema is not None:
+        op.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
+    op.create_table(
+        "alkstore_jobs",
+        sa.Column("id", _ID, primary_key=True, autoincrement=True),
+        sa.Column("state", sa.Text, nullable=False),
+        *_job_columns(),
+        sa.CheckConstraint("state IN ('pending', 'processing')", name="alkstore_jobs_state_ck"),
+        schema=schema,
+        sqlite_autoincrement=True,
+    )
+    op.create_index(
+        "alkstore_jobs_pending_ix",
+        "alkstore_jobs",
+        ["queue", sa.text("priority DESC"), "run_at", "id"],
+        schema=schema,
+        **_partial("state = 'pending'"),
+    )
+    op.create_index(
+        "alkstore_jobs_processing_ix",
+        "alkstore_jobs",
+        ["queue", "claim_expires_at"],
+        schema=schema,
+        **_partial("state = 'processing'"),
+    )
+    op.create_index(
+        "alkstore_jobs_expires_ix",
+        "alkstore_jobs",
+        ["queue", "expires_at"],
+        schema=schema,
+        **_partial("expires_at IS NOT NULL"),
+    )
+    op.create_table(
+        "alkstore_dead_jobs",
+        sa.Column("id", _ID, primary_key=True, autoincrement=False),
+        *_job_columns(),
+        sa.Column("last_error", sa.Text, nullable=False),
+        sa.Column("died_at", sa.Double, nullable=False),
+        schema=schema,
+    )
+    op.create_index("alkstore_dead_jobs_queue_ix", "alkstore_dead_jobs", ["queue", "id"], schema=schema)
+    op.create_index(
+        "alkstore_dead_jobs_retention_ix",
+        "alkstore_dead_jobs",
+        ["queue", "died_at"],
+        schema=schema,
+        **_partial("dead_letter_retention IS NOT NULL"),
+    )
+
+
+def downgrade_v1(schema: str | None) -> None:
+    op.drop_table("alkstore_dead_jobs", schema=schema)
+    op.drop_table("alkstore_jobs", schema=schema)
+
+
+STEPS: dict[int, tuple[Callable[[str | None], None], Callable[[str | None], None]]] = {
+    1: (upgrade_v1, downgrade_v1),
+}
+
+
+def schema_for(dialect_name: str, schema: str | None) -> str | None:
+    """The schema steps take: the configured one on PostgreSQL, None on SQLite."""
+    return None if dialect_name == "sqlite" else schema
+
+
+def upgrade(to: int = HEAD, *, from_: int = 0, schema: str | None = "alkstore") -> None:
+    """Apply steps ``from_+1 .. to`` inside the current Alembic migration."""
+    schema = schema_for(op.get_context().dialect.name, schema)
+    for version in range(from_ + 1, to + 1):
+        STEPS[version][0](schema)
+
+
+def downgrade(to: int = 0, *, from_: int = HEAD, schema: str | None = "alkstore") -> None:
+    """Undo steps ``from_ .. to+1`` inside the current Alembic migration."""
+    schema = schema_for(op.get_context().dialect.name, schema)
+    for version in range(from_, to, -1):
+        STEPS[version][1](schema)

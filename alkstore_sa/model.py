@@ -1,0 +1,61 @@
+"""Frozen value types returned by the public API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+JobState = Literal["pending", "processing", "dead"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as stored: live (``pending``/``processing``) or ``dead``.
+
+    Durations are float seconds; timestamps are timezone-aware UTC datetimes.
+    ``last_error`` and ``died_at`` are set for dead jobs only.
+    """
+
+    id: int
+    queue: str
+    state: JobState
+    payload: Any
+    priority: int
+    attempts: int
+    max_attempts: int
+    visibility_timeout: float
+    backoff_base: float
+    dead_letter_retention: float | None
+    created_at: datetime
+    run_at: datetime
+    claimed_at: datetime | None
+    claim_expires_at: datetime | None
+    worker_id: str | None
+    expires_at: datetime | None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    last_error: str | None = None
+    died_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one ``sweep_expired`` call did: rows moved to dead as expired, dead rows purged."""
+
+    expired: int
+    purged: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counts for one queue at one instant.
+
+    ``pending`` includes delayed jobs; ``ready`` is the pending jobs claimable now;
+    ``oldest_ready_age`` is in seconds, ``None`` when nothing is ready.
+    """
+
+    pending: int
+    ready: int
+    processing: int
+    dead: int
+    oldest_ready_age: float | None

@@ -1,0 +1,334 @@
+"""Queue handles and job handles: the pinned queue surface of SPEC §5."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from . import _validate as v
+from ._backoff import backoff_delay
+from ._rows import claim_order_key, job_from_row
+from .errors import HandleConsumed, InvalidOptions
+from .model import Job, QueueStats, SweepResult
+
+if TYPE_CHECKING:
+    from .store import Store, _DefaultStore
+
+_INT64 = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class QueueOpts:
+    """Per-queue options, stamped onto every job the handle enqueues."""
+
+    visibility_timeout: float = 300.0
+    max_attempts: int = 3
+    backoff_base: float = 5.0
+    dead_letter_retention: float | None = None
+
+    @classmethod
+    def validated(
+        cls,
+        *,
+        visibility_timeout: v.Duration = 300,
+        max_attempts: int = 3,
+        backoff_base: v.Duration = 5,
+        dead_letter_retention: v.Duration | None = None,
+    ) -> QueueOpts:
+        return cls(
+            visibility_timeout=v.duration(visibility_timeout, "visibility_timeout", inclusive=False),
+            max_attempts=v.max_attempts(max_attempts),
+            backoff_base=v.duration(backoff_base, "backoff_base"),
+            dead_letter_retention=v.optional_duration(dead_letter_retention, "dead_letter_retention"),
+        )
+
+
+DEFAULT_OPTS = QueueOpts()
+
+
+def enqueue_params(
+    store: Store | _DefaultStore,
+    queue: str,
+    opts: QueueOpts,
+    *,
+    delay: v.Duration | None,
+    run_at: datetime | None,
+    priority: int,
+    max_attempts: int | None,
+    expires: v.Duration | None,
+) -> dict[str, Any]:
+    """Validate the per-call options and resolve them over the stamps (no SQL yet)."""
+    return {
+        "queue": queue,
+        "delay": v.optional_duration(delay, "delay"),
+        "run_at": None if run_at is None else v.aware_datetime(run_at, "run_at"),
+        "priority": v.int32(priority, "priority"),
+        "max_attempts": opts.max_attempts if max_attempts is None else v.max_attempts(max_attempts),
+        "expires": v.optional_duration(expires, "expires", inclusive=False),
+        "visibility_timeout": opts.visibility_timeout,
+        "backoff_base": opts.backoff_base,
+        "dead_letter_retention": opts.dead_letter_retention,
+        "now": store.now(),
+    }
+
+
+def encode_all(store: Store | _DefaultStore, payloads: Iterable[Any]) -> list[str]:
+    if isinstance(payloads, (str, bytes, dict)):
+        raise InvalidOptions("payloads must be an iterable of payloads (a list), not a single payload")
+    return [v.encode_payload(p, store.max_payload_bytes) for p in payloads]
+
+
+def in_int64(job_id: int) -> bool:
+    return -_INT64 - 1 <= job_id <= _INT64
+
+
+class Queue:
+    """A handle on one queue: a name plus the options it stamps. Constructing it writes nothing."""
+
+    def __init__(self, store: Store, name: str, opts: QueueOpts) -> None:
+        self.store = store
+        self.name = name
+        self.opts = opts
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Queue {self.name!r} {self.opts}>"
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        delay: v.Duration | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        expires: v.Duration | None = None,
+    ) -> int:
+        """Enqueue one job in its own transaction (one statement); returns its id."""
+        self.store._check_open()
+        params = enqueue_params(
+            self.store, self.name, self.opts, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, expires=expires,
+        )
+        params["payload"] = v.encode_payload(payload, self.store.max_payload_bytes)
+        with self.store.executor() as ex:
+            return self.store.backend.enqueue(ex, params)
+
+    def enqueue_many(
+        self,
+        payloads: Iterable[Any],
+        *,
+        delay: v.Duration | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        expires: v.Duration | None = None,
+    ) -> list[int]:
+        """Enqueue many jobs with the same options in one transaction (one statement);
+        returns their ids in payload order."""
+        self.store._check_open()
+        params = enqueue_params(
+            self.store, self.name, self.opts, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, expires=expires,
+        )
+        texts = encode_all(self.store, payloads)
+        if not texts:
+            return []
+        with self.store.executor() as ex:
+            return self.store.backend.enqueue_many(ex, params, texts)
+
+    # -- claim -----------------------------------------------------------------------------
+
+    def claim_one(self, worker_id: str) -> JobHandle | None:
+        """Claim the next claimable job, or None."""
+        handles = self.claim_batch(worker_id, 1)
+        return handles[0] if handles else None
+
+    def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
+        """Claim up to ``n`` jobs (never more), in claim order; ``n <= 0`` claims nothing."""
+        self.store._check_open()
+        worker_id = v.worker_id(worker_id)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise InvalidOptions(f"n must be an int, got {type(n).__name__}")
+        if n <= 0:
+            return []
+        params = {"queue": self.name, "worker_id": worker_id, "n": min(n, v.INT32_MAX), "now": self.store.now()}
+        with self.store.executor() as ex:
+            rows = self.store.backend.claim(ex, params)
+        rows.sort(key=claim_order_key)
+        return [JobHandle(self, job_from_row(r)) for r in rows]
+
+    # -- other operations ------------------------------------------------------------------
+
+    def ack_batch(self, ids: Iterable[int]) -> int:
+        """Ack every id processing under an unexpired claim in this queue; returns how many."""
+        self.store._check_open()
+        if isinstance(ids, (str, bytes)):
+            raise InvalidOptions("ids must be an iterable of ints")
+        checked = [_job_id(i) for i in ids]
+        wanted = sorted({i for i in checked if in_int64(i)})
+        if not wanted:
+            return 0
+        params = {"queue": self.name, "ids": wanted, "now": self.store.now()}
+        with self.store.executor() as ex:
+            return self.store.backend.ack_batch(ex, params)
+
+    def cancel(self, job_id: int) -> bool:
+        """Delete a live job of this queue, pending or processing (not an interrupt)."""
+        self.store._check_open()
+        job_id = _job_id(job_id)
+        if not in_int64(job_id):
+            return False
+        with self.store.executor() as ex:
+            return self.store.backend.cancel(ex, {"id": job_id, "queue": self.name})
+
+    def get_job(self, job_id: int) -> Job | None:
+        """The job with this id (id-global: any queue), live or dead."""
+        self.store._check_open()
+        job_id = _job_id(job_id)
+        return self.store.get_job(job_id) if in_int64(job_id) else None
+
+    def dead_jobs(self, limit: int = 100, before_id: int | None = None) -> list[Job]:
+        """Dead jobs of this queue, id descending; only ids below ``before_id`` when given."""
+        self.store._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidOptions("limit must be a non-negative int")
+        if before_id is not None:
+            before_id = _job_id(before_id)
+            before_id = max(min(before_id, _INT64), -_INT64)
+        if limit == 0:
+            return []
+        params = {"queue": self.name, "limit": min(limit, v.INT32_MAX), "before_id": before_id}
+        with self.store.executor() as ex:
+            rows = self.store.backend.dead_jobs(ex, params, before=before_id is not None)
+        return [job_from_row(r) for r in rows]
+
+    def requeue_dead(self, job_id: int) -> int | None:
+        """Move a dead job of this queue back as a fresh job (new id, this handle's stamps,
+        the dead job's payload and priority), in one transaction; None if there is none."""
+        self.store._check_open()
+        job_id = _job_id(job_id)
+        if not in_int64(job_id):
+            return None
+        params = enqueue_params(
+            self.store, self.name, self.opts, delay=None, run_at=None, priority=0,
+            max_attempts=None, expires=None,
+        )
+        params["id"] = job_id
+        with self.store.executor() as ex:
+            return self.store.backend.requeue_dead(ex, params)
+
+    def sweep_expired(self) -> SweepResult:
+        """Move every row past its ``expires_at`` (pending and processing) to dead as
+        ``"expired"``, and purge dead rows past their stamped retention."""
+        self.store._check_open()
+        with self.store.executor() as ex:
+            expired, purged = self.store.backend.sweep(ex, {"queue": self.name, "now": self.store.now()})
+        return SweepResult(expired=expired, purged=purged)
+
+    def stats(self) -> QueueStats:
+        """Counts for this queue: pending (incl. delayed), ready, processing, dead."""
+        self.store._check_open()
+        with self.store.executor() as ex:
+            pending, ready, oldest, processing, dead, now = self.store.backend.stats(
+                ex, {"queue": self.name, "now": self.store.now()}
+            )
+        age = None if oldest is None else max(0.0, now - oldest)
+        return QueueStats(pending=pending, ready=ready, processing=processing, dead=dead, oldest_ready_age=age)
+
+
+def _job_id(job_id: object) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise InvalidOptions(f"job id must be an int, got {type(job_id).__name__}")
+    return job_id
+
+
+class JobHandle:
+    """One claim of one job. ``ack``/``retry``/``fail`` are one-shot; ``heartbeat`` repeats.
+
+    Every operation succeeds only while the job is processing under *this* claim and the
+    claim deadline has not passed; otherwise it returns False and changes nothing.
+    """
+
+    __slots__ = ("_queue", "job", "_consumed")
+
+    def __init__(self, queue: Queue, job: Job) -> None:
+        self._queue = queue
+        self.job = job
+        self._consumed = False
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.JobHandle id={self.job.id} queue={self.job.queue!r} attempt={self.job.attempts}>"
+
+    @property
+    def id(self) -> int:
+        return self.job.id
+
+    @property
+    def payload(self) -> Any:
+        return self.job.payload
+
+    @property
+    def consumed(self) -> bool:
+        return self._consumed
+
+    def _claim_params(self) -> dict[str, Any]:
+        store = self._queue.store
+        return {"id": self.job.id, "attempts": self.job.attempts, "now": store.now()}
+
+    def _consume(self) -> None:
+        self._queue.store._check_open()
+        if self._consumed:
+            raise HandleConsumed()
+        self._consumed = True
+
+    def ack(self) -> bool:
+        """Finish the job: delete its row."""
+        self._consume()
+        store = self._queue.store
+        with store.executor() as ex:
+            return store.backend.ack(ex, self._claim_params())
+
+    def retry(self, error: str, delay: v.Duration | None = None) -> bool:
+        """Back to pending after ``delay`` (default: the backoff curve); at the attempt budget,
+        to dead as ``"max attempts exceeded"``. ``error`` joins the job's error history."""
+        text = v.error_text(error)
+        wait = v.optional_duration(delay, "delay")
+        self._consume()
+        store = self._queue.store
+        params = self._claim_params()
+        params["error"] = text
+        with store.executor() as ex:
+            if self.job.attempts >= self.job.max_attempts:
+                params["last_error"] = "max attempts exceeded"
+                return store.backend.bury(ex, params)
+            params["delay"] = backoff_delay(self.job.backoff_base, self.job.attempts) if wait is None else wait
+            return store.backend.retry(ex, params)
+
+    def fail(self, error: str | None = None) -> bool:
+        """Dead-letter now, with ``last_error = error`` (``"failed"`` when None)."""
+        text = None if error is None else v.error_text(error)
+        self._consume()
+        store = self._queue.store
+        params = self._claim_params()
+        params["error"] = text
+        params["last_error"] = "failed" if text is None else text
+        with store.executor() as ex:
+            return store.backend.bury(ex, params)
+
+    def heartbeat(self, extend: v.Duration) -> bool:
+        """Reset the claim deadline to now + ``extend`` (absolute, not additive). A late
+        heartbeat (deadline already passed) is refused: it never steals the job back."""
+        seconds = v.duration(extend, "extend", inclusive=False)
+        store = self._queue.store
+        store._check_open()
+        if self._consumed:
+            raise HandleConsumed()
+        params = self._claim_params()
+        params["extend"] = seconds
+        with store.executor() as ex:
+            return store.backend.heartbeat(ex, params)
+

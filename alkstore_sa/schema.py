@@ -1,0 +1,101 @@
+"""The one declaration of alkstore's tables (SQLAlchemy Core), on ``alkstore_sa.metadata``.
+
+Tables are declared in the PostgreSQL schema ``alkstore``; a Store with another schema
+translates it at execution time, and on SQLite (no schemas) the ``alkstore_`` table prefix
+keeps the family apart in the caller's own database file. The shipped migrations must
+produce exactly this (a test compares them).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+DEFAULT_SCHEMA = "alkstore"
+VERSION_TABLE = "alkstore_alembic_version"
+
+metadata = sa.MetaData(schema=DEFAULT_SCHEMA)
+
+_Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite: rowid alias for AUTOINCREMENT
+
+
+def _stamp_columns() -> list[sa.Column]:
+    """The job fields shared by live and dead storage, in the order rows are read."""
+    return [
+        sa.Column("queue", sa.Text, nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("priority", sa.Integer, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        sa.Column("max_attempts", sa.Integer, nullable=False),
+        sa.Column("visibility_timeout", sa.Double, nullable=False),
+        sa.Column("backoff_base", sa.Double, nullable=False),
+        sa.Column("dead_letter_retention", sa.Double, nullable=True),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("run_at", sa.Double, nullable=False),
+        sa.Column("claimed_at", sa.Double, nullable=True),
+        sa.Column("claim_expires_at", sa.Double, nullable=True),
+        sa.Column("worker_id", sa.Text, nullable=True),
+        sa.Column("expires_at", sa.Double, nullable=True),
+        sa.Column("errors", sa.Text, nullable=False),
+    ]
+
+
+# Live jobs: only ``pending`` and ``processing`` rows; ack and cancel delete.
+# Times are epoch seconds as double precision (microsecond resolution), so deadlines are
+# plain arithmetic on the job's own stamps (claim_expires_at = now + visibility_timeout).
+jobs = sa.Table(
+    "alkstore_jobs",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("state", sa.Text, nullable=False),
+    *_stamp_columns(),
+    sa.CheckConstraint("state IN ('pending', 'processing')", name="alkstore_jobs_state_ck"),
+    sqlite_autoincrement=True,  # ids are never reused: get_job is id-global
+)
+
+# The claim path: ready pending rows of one queue in claim order, as an index range scan.
+sa.Index(
+    "alkstore_jobs_pending_ix",
+    jobs.c.queue,
+    jobs.c.priority.desc(),
+    jobs.c.run_at,
+    jobs.c.id,
+    postgresql_where=sa.text("state = 'pending'"),
+    sqlite_where=sa.text("state = 'pending'"),
+)
+# Reclaims: processing rows of one queue whose claim deadline lapsed.
+sa.Index(
+    "alkstore_jobs_processing_ix",
+    jobs.c.queue,
+    jobs.c.claim_expires_at,
+    postgresql_where=sa.text("state = 'processing'"),
+    sqlite_where=sa.text("state = 'processing'"),
+)
+# sweep_expired: rows of one queue with an expiry, in expiry order.
+sa.Index(
+    "alkstore_jobs_expires_ix",
+    jobs.c.queue,
+    jobs.c.expires_at,
+    postgresql_where=sa.text("expires_at IS NOT NULL"),
+    sqlite_where=sa.text("expires_at IS NOT NULL"),
+)
+
+# Dead jobs: moved here (never flagged in place) so the claim path never scans them.
+dead_jobs = sa.Table(
+    "alkstore_dead_jobs",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=False),
+    *_stamp_columns(),
+    sa.Column("last_error", sa.Text, nullable=False),
+    sa.Column("died_at", sa.Double, nullable=False),
+)
+sa.Index("alkstore_dead_jobs_queue_ix", dead_jobs.c.queue, dead_jobs.c.id)
+sa.Index(
+    "alkstore_dead_jobs_retention_ix",
+    dead_jobs.c.queue,
+    dead_jobs.c.died_at,
+    postgresql_where=sa.text("dead_letter_retention IS NOT NULL"),
+    sqlite_where=sa.text("dead_letter_retention IS NOT NULL"),
+)
+
+JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns())
+"""Column order of every job row read by the backends (state and dead-only fields follow)."""

@@ -1,0 +1,210 @@
+"""Store: binds an engine, a schema and a clock; the registry the transactional functions use."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine
+
+from . import _validate as v
+from ._backends import Backend, backend_for
+from ._conn import ConnectionCache, RawExecutor, SessionExecutor
+from ._rows import job_from_row
+from ._sqlite import configure_sqlite_engine
+from .errors import InvalidOptions, StoreClosed
+from .model import Job
+from .schema import DEFAULT_SCHEMA
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+Clock = Callable[[], float]
+DEFAULT_MAX_PAYLOAD = 1 << 20
+
+
+class Store:
+    """The handle on alkstore's tables in one database.
+
+    ``clock=None`` takes every timestamp from the database's clock; a zero-argument callable
+    returning epoch seconds becomes the single time source (read once per operation).
+    Constructing a Store registers it for its engine, so ``alk.enqueue(session, ...)`` on a
+    session bound to that engine uses this store's schema, clock and payload limit.
+    """
+
+    def __init__(
+        self,
+        engine_or_url: Engine | str | URL,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        clock: Clock | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+    ) -> None:
+        if not isinstance(schema, str) or not schema or "\x00" in schema or len(schema.encode("utf-8", "surrogatepass")) > 63:
+            raise InvalidOptions("schema must be a non-empty str of at most 63 bytes without NUL")
+        if clock is not None and not callable(clock):
+            raise InvalidOptions("clock must be None or a zero-argument callable returning epoch seconds")
+        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
+            raise InvalidOptions("max_payload_bytes must be a positive int")
+        if isinstance(engine_or_url, (str, URL)):
+            engine = sa.create_engine(engine_or_url)
+            self._owns_engine = True
+        elif isinstance(engine_or_url, Engine):
+            engine = engine_or_url
+            self._owns_engine = False
+        else:
+            raise InvalidOptions("Store needs a SQLAlchemy Engine or a database URL")
+        self.engine: Engine = engine
+        self.schema = schema
+        self.clock = clock
+        self.max_payload_bytes = max_payload_bytes
+        self.backend: Backend = backend_for(engine.dialect.name, schema)
+        if self.backend.name == "sqlite":
+            configure_sqlite_engine(engine)
+        self._conns = ConnectionCache(engine, self.backend)
+        self._closed = False
+        _register(self)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Run the packaged migrations to head (idempotent); the only DDL alkstore runs."""
+        self._check_open()
+        from .migrations import upgrade
+
+        upgrade(self.engine, schema=self.schema)
+
+    def close(self) -> None:
+        """Release the store's connections; every later operation raises StoreClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        _unregister(self)
+        self._conns.close()
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Store {self.engine.url.render_as_string(hide_password=True)!r} schema={self.schema!r}>"
+
+    # -- handles ---------------------------------------------------------------------------
+
+    def queue(
+        self,
+        name: str,
+        *,
+        visibility_timeout: v.Duration = 300,
+        max_attempts: int = 3,
+        backoff_base: v.Duration = 5,
+        dead_letter_retention: v.Duration | None = None,
+    ) -> Queue:
+        """A handle on the queue ``name``; writes nothing. Its options are stamped onto
+        every job it enqueues."""
+        from .queue import Queue, QueueOpts
+
+        self._check_open()
+        opts = QueueOpts.validated(
+            visibility_timeout=visibility_timeout,
+            max_attempts=max_attempts,
+            backoff_base=backoff_base,
+            dead_letter_retention=dead_letter_retention,
+        )
+        return Queue(self, v.name(name, "queue name"), opts)
+
+    def get_job(self, job_id: int) -> Job | None:
+        """The job with this id, live or dead, in any queue; None when there is none."""
+        job_id = check_job_id(job_id)
+        with self.executor() as ex:
+            row = self.backend.get_job(ex, {"id": job_id}, by_queue=False)
+        return None if row is None else job_from_row(row)
+
+    # -- internals shared by the handles ---------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed()
+
+    def now(self) -> float | None:
+        """This operation's one clock reading; None means 'the database clock' (PostgreSQL)."""
+        if self.clock is not None:
+            return float(self.clock())
+        if self.backend.name == "sqlite":
+            return time.time()
+        return None
+
+    @contextmanager
+    def executor(self) -> Iterator[RawExecutor]:
+        self._check_open()
+        with self._conns.executor() as ex:
+            yield ex
+
+    def session_executor(self, conn: Connection) -> SessionExecutor:
+        self._check_open()
+        return SessionExecutor(conn, self.backend)
+
+
+def check_job_id(job_id: object) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise InvalidOptions(f"job id must be an int, got {type(job_id).__name__}")
+    return job_id
+
+
+# -- registry: engine (by its pool, so Engine.execution_options() copies match) → Store ------
+
+_registry: dict[Any, Store] = {}
+_registry_lock = threading.Lock()
+_defaults: dict[tuple[str, int], _DefaultStore] = {}
+
+
+def _register(store: Store) -> None:
+    with _registry_lock:
+        _registry[store.engine.pool] = store
+
+
+def _unregister(store: Store) -> None:
+    with _registry_lock:
+        if _registry.get(store.engine.pool) is store:
+            del _registry[store.engine.pool]
+
+
+class _DefaultStore:
+    """What the transactional functions use for an engine no Store was made for."""
+
+    clock = None
+    schema = DEFAULT_SCHEMA
+    max_payload_bytes = DEFAULT_MAX_PAYLOAD
+
+    def __init__(self, dialect_name: str) -> None:
+        self.backend = backend_for(dialect_name, DEFAULT_SCHEMA)
+
+    def now(self) -> float | None:
+        return time.time() if self.backend.name == "sqlite" else None
+
+    def session_executor(self, conn: Connection) -> SessionExecutor:
+        return SessionExecutor(conn, self.backend)
+
+
+def store_for(conn: Connection) -> Store | _DefaultStore:
+    """The Store registered for this connection's engine, else the defaults."""
+    store = _registry.get(conn.engine.pool)
+    if store is not None:
+        return store
+    name = conn.dialect.name
+    default = _defaults.get((name, 0))
+    if default is None:
+        default = _defaults[(name, 0)] = _DefaultStore(name)
+    return default

@@ -1,0 +1,107 @@
+"""Shared test machinery: database targets, a controllable clock, raw-SQL helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+import alkstore_sa as alk
+from alkstore_sa import migrations
+
+PG_URL = os.environ.get("ALKSTORE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+class FakeClock:
+    """The injected clock: epoch seconds that move only when a test says so."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+@dataclass
+class Target:
+    """One database to test against: an engine, the alkstore schema, and its URL."""
+
+    kind: str  # "sqlite" | "postgresql"
+    url: str
+    engine: sa.Engine
+    schema: str
+
+    def store(self, **kw: object) -> alk.Store:
+        return alk.Store(self.engine, schema=self.schema, **kw)  # type: ignore[arg-type]
+
+    def table(self, name: str) -> str:
+        """A quoted, schema-qualified table name for raw test SQL."""
+        if self.kind == "sqlite":
+            return f'"{name}"'
+        return f'"{self.schema}"."{name}"'
+
+    def scalar(self, sql: str, **params: object) -> object:
+        with self.engine.connect() as c:
+            return c.execute(sa.text(sql), params).scalar()
+
+    def execute(self, sql: str, **params: object) -> None:
+        with self.engine.begin() as c:
+            c.execute(sa.text(sql), params)
+
+
+def pg_available() -> str | None:
+    """None when PostgreSQL answers, else the reason it does not."""
+    try:
+        eng = sa.create_engine(PG_URL)
+        with eng.connect() as c:
+            c.execute(sa.text("SELECT 1"))
+        eng.dispose()
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        return f"PostgreSQL not reachable at {PG_URL}: {type(exc).__name__}: {exc}"
+
+
+_template_dir = tempfile.mkdtemp(prefix="alkstore-template-")
+_template_path = os.path.join(_template_dir, "template.db")
+_template_lock = threading.Lock()
+
+
+def sqlite_target(directory: str) -> Target:
+    """A fresh SQLite file with alkstore installed (copied from a once-migrated template)."""
+    with _template_lock:
+        if not os.path.exists(_template_path):
+            eng = sa.create_engine(f"sqlite:///{_template_path}")
+            migrations.upgrade(eng)
+            eng.dispose()
+    path = os.path.join(directory, f"t-{uuid.uuid4().hex[:8]}.db")
+    shutil.copyfile(_template_path, path)
+    url = f"sqlite:///{path}"
+    return Target("sqlite", url, sa.create_engine(url), "alkstore")
+
+
+def new_pg_schema(prefix: str = "t") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def pg_target(schema: str) -> Target:
+    eng = sa.create_engine(PG_URL, pool_size=10)
+    migrations.upgrade(eng, schema=schema)
+    return Target("postgresql", PG_URL, eng, schema)
+
+
+def drop_pg_schema(target: Target) -> None:
+    with target.engine.begin() as c:
+        c.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{target.schema}" CASCADE')
+    target.engine.dispose()
