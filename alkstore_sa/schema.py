@@ -99,3 +99,11 @@ sa.Index(
 
 JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns())
 """Column order of every job row read by the backends (state and dead-only fields follow)."""
+
+
+def metadata_for(schema: str | None) -> sa.MetaData:
+    """A copy of ``metadata`` with its tables in ``schema`` (None: no schema, as on SQLite)."""
+    md = sa.MetaData()
+    for table in metadata.tables.values():
+        table.to_metadata(md, schema=schema)
+    return md

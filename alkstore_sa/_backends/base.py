@@ -112,9 +112,8 @@ class Backend:
 
     def sql(self, key: str, build: Callable[[], sa.Executable]) -> str:
         """Driver SQL for a statement, compiled once per backend and reused."""
-        try:
-            return self._sql[key]
-        except KeyError:
+        text = self._sql.get(key)
+        if text is None:
             compiled = build().compile(
                 dialect=self.dialect,
                 schema_translate_map={DEFAULT_SCHEMA: self.target_schema()},
@@ -124,7 +123,7 @@ class Backend:
             if anonymous:  # a literal became an anonymous parameter the executor never passes
                 raise AssertionError(f"statement {key!r} has anonymous parameters {anonymous}")
             self._sql[key] = text = compiled.string
-            return text
+        return text
 
     def translate_error(self, exc: BaseException) -> BaseException:
         """The one place driver exceptions become alkstore errors."""

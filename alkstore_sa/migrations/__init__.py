@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import Connection, Engine
+
+from alembic import command
 
 from ..schema import DEFAULT_SCHEMA, VERSION_TABLE
 
@@ -81,6 +82,8 @@ def run_environment(context: Any) -> None:
         dialect = sa.engine.make_url(url).get_dialect().name
         _configure(context, None, dialect, url=url, literal_binds=True)
         with context.begin_transaction():
+            if dialect != "sqlite":  # the version table lives in the schema: create it first
+                context.execute(sa.schema.CreateSchema(configured_schema(), if_not_exists=True))
             context.run_migrations()
         return
     connection = context.config.attributes.get("connection")

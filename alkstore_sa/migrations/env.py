@@ -2,7 +2,6 @@
 and the checkout's `alembic upgrade head`)."""
 
 from alembic import context
-
 from alkstore_sa.migrations import run_environment
 
 run_environment(context)

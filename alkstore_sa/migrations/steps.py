@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import sqlalchemy as sa
+
 from alembic import op
 
 HEAD = 1

@@ -6,8 +6,7 @@ Revises:
 
 from __future__ import annotations
 
-from alkstore_sa.migrations import configured_schema
-from alkstore_sa.migrations import steps
+from alkstore_sa.migrations import configured_schema, steps
 
 revision = "alkstore_0001"
 down_revision = None

@@ -1,0 +1,198 @@
+"""SPEC §5.4: the job handle — validity predicate, one-shot ops, heartbeat, retry curve."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from datetime import datetime, timezone
+
+import pytest
+
+import alkstore_sa as alk
+from alkstore_sa._backoff import backoff_delay
+from tests.support import FakeClock
+
+
+def _ts(clock: FakeClock, offset: float = 0.0) -> datetime:
+    return datetime.fromtimestamp(clock.now + offset, timezone.utc)
+
+
+def _claimed(store: alk.Store, qname: str, **opts: object) -> tuple[alk.Queue, alk.JobHandle]:
+    q = store.queue(qname, **opts)  # type: ignore[arg-type]
+    q.enqueue({"n": 1})
+    h = q.claim_one("w")
+    assert h is not None
+    return q, h
+
+
+@pytest.mark.parametrize("op", ["ack", "retry", "fail", "heartbeat"])
+def test_lapsed_claim_refuses_every_op(store: alk.Store, qname: str, clock: FakeClock, op: str) -> None:
+    q, h = _claimed(store, qname, visibility_timeout=10)
+    clock.advance(10)  # deadline reached: no longer valid
+    before = q.get_job(h.id)
+    result = {"ack": h.ack, "retry": lambda: h.retry("e"), "fail": h.fail, "heartbeat": lambda: h.heartbeat(30)}[op]()
+    assert result is False
+    assert q.get_job(h.id) == before  # nothing changed
+
+
+def test_reclaim_invalidates_the_earlier_holder(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q, first = _claimed(store, qname, visibility_timeout=10)
+    clock.advance(11)
+    second = q.claim_one("w")  # same worker_id: the claim, not the id, is what counts
+    assert second is not None and second.id == first.id
+    assert first.heartbeat(100) is False
+    assert first.ack() is False
+    assert q.get_job(first.id).state == "processing"  # type: ignore[union-attr]
+    assert second.ack() is True
+
+
+def test_same_worker_id_cannot_ack_another_claim(store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    q.enqueue_many([1, 2])
+    a, b = q.claim_batch("dup", 2)
+    forged = alk.JobHandle(q, b.job.__class__(**{**a.job.__dict__, "attempts": 2}))
+    assert forged.ack() is False  # another attempt number is another claim
+    assert a.ack() is True and b.ack() is True
+
+
+def test_one_shot_ops_raise_handle_consumed(store: alk.Store, qname: str) -> None:
+    q, h = _claimed(store, qname)
+    assert h.ack() is True
+    for op in (h.ack, lambda: h.retry("x"), h.fail, lambda: h.heartbeat(5)):
+        with pytest.raises(alk.HandleConsumed):
+            op()
+
+
+def test_refused_op_still_consumes(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q, h = _claimed(store, qname, visibility_timeout=5)
+    clock.advance(6)
+    assert h.fail("late") is False
+    with pytest.raises(alk.HandleConsumed):
+        h.ack()
+
+
+def test_invalid_argument_does_not_consume(store: alk.Store, qname: str) -> None:
+    q, h = _claimed(store, qname)
+    with pytest.raises(alk.InvalidOptions):
+        h.retry("e", delay=-1)
+    with pytest.raises(alk.InvalidOptions):
+        h.heartbeat(0)
+    assert h.ack() is True
+
+
+def test_heartbeat_is_an_absolute_reset(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q, h = _claimed(store, qname, visibility_timeout=100)
+    clock.advance(10)
+    assert h.heartbeat(5) is True
+    assert q.get_job(h.id).claim_expires_at == _ts(clock, 5)  # type: ignore[union-attr]  # not 100+5
+    clock.advance(4)
+    assert h.heartbeat(20) is True and h.heartbeat(20) is True
+    clock.advance(19)
+    assert h.ack() is True
+
+
+def test_late_heartbeat_is_refused_and_steals_nothing(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q, h = _claimed(store, qname, visibility_timeout=10)
+    clock.advance(10.5)
+    assert h.heartbeat(60) is False
+    other = q.claim_one("w2")
+    assert other is not None and other.id == h.id
+
+
+def test_retry_with_explicit_delay(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q, h = _claimed(store, qname)
+    assert h.retry("temporary", delay=30) is True
+    job = q.get_job(h.id)
+    assert job is not None and job.state == "pending" and job.run_at == _ts(clock, 30)
+    assert job.errors == [{"attempt": 1, "error": "temporary", "at": _ts(clock)}]
+    assert q.claim_one("w") is None
+    clock.advance(30)
+    again = q.claim_one("w")
+    assert again is not None and again.job.attempts == 2
+
+
+def test_retry_uses_the_backoff_curve(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q = store.queue(qname, backoff_base=4, max_attempts=10)
+    job_id = q.enqueue(1)
+    for attempt in range(1, 5):
+        h = q.claim_one("w")
+        assert h is not None and h.job.attempts == attempt
+        assert h.retry(f"e{attempt}") is True
+        delay = (q.get_job(job_id).run_at - _ts(clock)).total_seconds()  # type: ignore[union-attr]
+        c = 4 * 2 ** (attempt - 1)
+        assert math.ceil(c / 2) <= delay <= c and delay == int(delay)
+        clock.advance(delay)
+    assert [e["attempt"] for e in q.get_job(job_id).errors] == [1, 2, 3, 4]  # type: ignore[union-attr]
+
+
+def test_backoff_curve_range_and_distribution() -> None:
+    for base, attempts in [(5, 1), (5, 3), (1, 10), (7.5, 2)]:
+        c = min(base * 2 ** (attempts - 1), 3600)
+        draws = Counter(backoff_delay(base, attempts) for _ in range(4000))
+        lo, hi = math.ceil(c / 2), math.floor(c)
+        assert set(draws) == set(map(float, range(lo, hi + 1)))  # every integer, nothing else
+        expected = 4000 / (hi - lo + 1)
+        assert all(abs(n - expected) < 5 * math.sqrt(expected) + 5 for n in draws.values())
+
+
+def test_backoff_curve_cap_and_huge_attempts() -> None:
+    for attempts in (13, 30, 64, 1000, 2**31 - 1):
+        d = backoff_delay(5, attempts)
+        assert 1800 <= d <= 3600
+    assert backoff_delay(0, 5) == 0
+
+
+def test_retry_at_budget_goes_dead(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q = store.queue(qname, max_attempts=2, backoff_base=0)
+    job_id = q.enqueue("x")
+    h = q.claim_one("w")
+    assert h is not None and h.retry("first") is True
+    h = q.claim_one("w")
+    assert h is not None and h.retry("second") is True
+    job = q.get_job(job_id)
+    assert job is not None and job.state == "dead" and job.last_error == "max attempts exceeded"
+    assert [e["error"] for e in job.errors] == ["first", "second"]
+    assert job.died_at == _ts(clock)
+
+
+def test_fail_none_says_failed(store: alk.Store, qname: str) -> None:
+    q, h = _claimed(store, qname)
+    assert h.fail() is True
+    job = q.get_job(h.id)
+    assert job is not None and job.state == "dead" and job.last_error == "failed" and job.errors == []
+
+
+def test_fail_keeps_stamps_and_history(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q = store.queue(qname, visibility_timeout=20, max_attempts=4, backoff_base=0, dead_letter_retention=99)
+    job_id = q.enqueue({"k": "v"}, priority=3, expires=1000)
+    h = q.claim_one("w")
+    assert h is not None and h.retry("one") is True
+    h = q.claim_one("w-last")
+    assert h is not None and h.fail("two") is True
+    job = q.get_job(job_id)
+    assert job is not None
+    assert (job.payload, job.priority, job.attempts, job.max_attempts) == ({"k": "v"}, 3, 2, 4)
+    assert (job.visibility_timeout, job.backoff_base, job.dead_letter_retention) == (20, 0, 99)
+    assert job.worker_id == "w-last" and job.expires_at == _ts(clock, 1000)
+    assert [(e["attempt"], e["error"]) for e in job.errors] == [(1, "one"), (2, "two")]
+    assert job.last_error == "two"
+
+
+def test_error_text_with_nul_is_stored(store: alk.Store, qname: str) -> None:
+    q, h = _claimed(store, qname)
+    assert h.fail("bad\x00byte") is True
+    job = q.get_job(h.id)
+    assert job is not None and job.last_error == "bad\ufffdbyte"
+
+
+def test_handle_ops_on_database_clock(dbstore: alk.Store, qname: str) -> None:
+    q = dbstore.queue(qname, visibility_timeout=60)
+    q.enqueue_many([1, 2])
+    a, b = q.claim_batch("w", 2)
+    assert a.heartbeat(120) is True
+    assert a.retry("again", delay=0) is True
+    assert b.ack() is True
+    again = q.claim_one("w")
+    assert again is not None and again.id == a.id and again.job.attempts == 2
+    assert again.job.errors[0]["error"] == "again"
+    assert again.fail() is True

@@ -1,0 +1,138 @@
+"""The migrations are the one definition of the schema: what they build equals `metadata`,
+on both engines; `install()` is idempotent; the checkout's `alembic` command works."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+import alkstore_sa as alk
+from alkstore_sa import migrations
+from alkstore_sa.schema import VERSION_TABLE, metadata_for
+from tests.conftest import require_pg
+from tests.support import PG_URL, Target, new_pg_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+ALEMBIC = str(Path(sys.executable).with_name("alembic"))
+
+
+def _diff(db: Target, md: sa.MetaData) -> list[object]:
+    schema = None if db.kind == "sqlite" else db.schema
+
+    def include_name(name: str | None, type_: str, _parent: object) -> bool:
+        if type_ == "schema":
+            return name in (None, schema)
+        return name != VERSION_TABLE
+
+    with db.engine.connect() as conn:
+        ctx = MigrationContext.configure(
+            conn,
+            opts={"compare_type": True, "include_schemas": schema is not None, "include_name": include_name},
+        )
+        return compare_metadata(ctx, md)
+
+
+def test_migrated_schema_equals_metadata(db: Target) -> None:
+    md = metadata_for(None if db.kind == "sqlite" else db.schema)
+    assert _diff(db, md) == []
+
+
+def test_compare_detects_a_difference(db: Target) -> None:
+    """The comparison above can fail: a column the migrations never made is reported."""
+    md = metadata_for(None if db.kind == "sqlite" else db.schema)
+    next(t for t in md.tables.values() if t.name == "alkstore_jobs").append_column(
+        sa.Column("not_migrated", sa.Integer)
+    )
+    diff = _diff(db, md)
+    assert any(d[0] == "add_column" and d[3].name == "not_migrated" for d in diff)  # type: ignore[index]
+
+
+def test_install_is_idempotent_and_recorded(db: Target) -> None:
+    store = db.store()
+    store.install()
+    store.install()
+    with db.engine.connect() as conn:
+        assert migrations.current_revision(conn, db.schema) == "alkstore_0001"
+    q = store.queue("idempotent")
+    job_id = q.enqueue(1)
+    assert q.get_job(job_id) is not None  # the tables answer after a repeated install
+    store.close()
+
+
+def test_not_installed_is_a_clear_error(tmp_path: Path) -> None:
+    store = alk.Store(f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(alk.NotInstalled, match="alkstore migrate"):
+        store.queue("q").enqueue(1)
+    store.close()
+
+
+def test_not_installed_postgresql() -> None:
+    require_pg()
+    store = alk.Store(PG_URL, schema=new_pg_schema("missing"))
+    with pytest.raises(alk.NotInstalled):
+        store.queue("q").stats()
+    store.close()
+
+
+def _alembic(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ALEMBIC, *args], cwd=ROOT, env={**os.environ, **(env or {})},
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_checkout_alembic_upgrade_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    up = _alembic("upgrade", "head", env={"ALKSTORE_DATABASE_URL": url})
+    assert up.returncode == 0, up.stderr
+    cur = _alembic("-x", f"url={url}", "current")
+    assert "alkstore_0001 (head)" in cur.stdout
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        names = set(sa.inspect(conn).get_table_names())
+    assert {"alkstore_jobs", "alkstore_dead_jobs", VERSION_TABLE} <= names
+    down = _alembic("-x", f"url={url}", "downgrade", "base")
+    assert down.returncode == 0, down.stderr
+    with engine.connect() as conn:
+        assert not {"alkstore_jobs", "alkstore_dead_jobs"} & set(sa.inspect(conn).get_table_names())
+    engine.dispose()
+
+
+def test_checkout_alembic_upgrade_postgresql_custom_schema() -> None:
+    require_pg()
+    schema = new_pg_schema("cli schema")
+    try:
+        up = _alembic("-x", f"url={PG_URL}", "-x", f"schema={schema}", "upgrade", "head")
+        assert up.returncode == 0, up.stderr
+        engine = sa.create_engine(PG_URL)
+        with engine.connect() as conn:
+            names = set(sa.inspect(conn).get_table_names(schema=schema))
+        assert {"alkstore_jobs", "alkstore_dead_jobs", VERSION_TABLE} <= names
+        store = alk.Store(engine, schema=schema)
+        q = store.queue("cli")
+        job_id = q.enqueue({"x": 1})
+        assert q.claim_one("w").id == job_id  # type: ignore[union-attr]
+        store.close()
+        engine.dispose()
+    finally:
+        engine = sa.create_engine(PG_URL)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()
+
+
+def test_checkout_alembic_offline_sql() -> None:
+    out = _alembic("-x", f"url={PG_URL}", "-x", "schema=offline_s", "upgrade", "head", "--sql")
+    assert out.returncode == 0, out.stderr
+    sql = out.stdout
+    assert sql.index("CREATE SCHEMA IF NOT EXISTS offline_s") < sql.index("alkstore_alembic_version")
+    assert "CREATE TABLE offline_s.alkstore_jobs" in sql
+    assert "CREATE INDEX alkstore_jobs_pending_ix ON offline_s.alkstore_jobs (queue, priority DESC, run_at, id) WHERE state = 'pending'" in sql
