@@ -28,7 +28,7 @@ def _diff(db: Target, md: sa.MetaData) -> list[object]:
 
     def include_name(name: str | None, type_: str, _parent: object) -> bool:
         if type_ == "schema":
-            return name in (None, schema)
+            return name == schema  # None: SQLite's only schema; else only the alkstore one
         return name != VERSION_TABLE
 
     with db.engine.connect() as conn:
