@@ -12,6 +12,7 @@ from .errors import (
     LeadershipLost,
     NotInstalled,
     PayloadError,
+    SchemaOutdated,
     StoreClosed,
 )
 from .model import Job, QueueStats, SweepResult
@@ -37,6 +38,7 @@ __all__ = [
     "Queue",
     "QueueOpts",
     "QueueStats",
+    "SchemaOutdated",
     "Store",
     "StoreClosed",
     "SweepResult",

@@ -55,6 +55,15 @@ class NotInstalled(AlkstoreError):
     )
 
 
+class SchemaOutdated(NotInstalled):
+    """The database holds an older alkstore schema than this library version needs."""
+
+    default_message = (
+        "the alkstore schema in this database is older than this library needs: run "
+        "`alkstore migrate --url URL` (or your app's `alembic upgrade head`)"
+    )
+
+
 class HandleConsumed(AlkstoreError):
     """A second one-shot operation (ack, retry, fail) was attempted on the same JobHandle."""
 

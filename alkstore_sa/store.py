@@ -67,6 +67,7 @@ class Store:
             configure_sqlite_engine(engine)
         self._conns = ConnectionCache(engine, self.backend)
         self._closed = False
+        self._schema_checked = False
         _register(self)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -77,6 +78,7 @@ class Store:
         from .migrations import upgrade
 
         upgrade(self.engine, schema=self.schema)
+        self._schema_checked = True
 
     def close(self) -> None:
         """Release the store's connections; every later operation raises StoreClosed."""
@@ -146,9 +148,24 @@ class Store:
             return time.time()
         return None
 
+    def check_schema(self) -> None:
+        """Fail fast unless the database holds this library's schema version:
+        NotInstalled (no tables) or SchemaOutdated (older), naming the command that fixes it."""
+        self._check_open()
+        from .migrations import check_schema
+
+        try:
+            with self.engine.connect() as conn:
+                check_schema(conn, self.schema)
+        except sa.exc.DBAPIError as exc:
+            raise self.backend.translate_error(exc) from exc
+        self._schema_checked = True
+
     @contextmanager
     def executor(self) -> Iterator[RawExecutor]:
         self._check_open()
+        if not self._schema_checked:  # once per store: the first operation verifies the schema
+            self.check_schema()
         with self._conns.executor() as ex:
             yield ex
 

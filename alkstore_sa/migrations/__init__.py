@@ -6,6 +6,7 @@ so it never collides with an application's own ``alembic_version``.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -132,3 +133,31 @@ def current_revision(connection: Connection, schema: str = DEFAULT_SCHEMA) -> st
     if connection.dialect.name != "sqlite":
         opts["version_table_schema"] = schema
     return MigrationContext.configure(connection, opts=opts).get_current_revision()
+
+
+@functools.lru_cache(maxsize=1)
+def head_revision() -> str:
+    """The newest revision this library version ships."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def check_schema(connection: Connection, schema: str = DEFAULT_SCHEMA) -> None:
+    """Raise NotInstalled / SchemaOutdated unless the database is at this library's head."""
+    from ..errors import NotInstalled, SchemaOutdated
+
+    try:
+        current = current_revision(connection, schema)
+    except sa.exc.DBAPIError:
+        current = None
+    if current is None:
+        raise NotInstalled()
+    head = head_revision()
+    if current != head:
+        raise SchemaOutdated(
+            f"the alkstore schema in this database is at {current}, this library needs {head}: "
+            "run `alkstore migrate --url URL` (or your app's `alembic upgrade head`)"
+        )

@@ -136,3 +136,19 @@ def test_checkout_alembic_offline_sql() -> None:
     assert sql.index("CREATE SCHEMA IF NOT EXISTS offline_s") < sql.index("alkstore_alembic_version")
     assert "CREATE TABLE offline_s.alkstore_jobs" in sql
     assert "CREATE INDEX alkstore_jobs_pending_ix ON offline_s.alkstore_jobs (queue, priority DESC, run_at, id) WHERE state = 'pending'" in sql
+
+
+def test_outdated_schema_fails_fast_naming_the_command(db: Target) -> None:
+    """A store on a database whose recorded alkstore revision is not this library's head
+    refuses its first operation with SchemaOutdated (a NotInstalled)."""
+    version = db.table(VERSION_TABLE)
+    db.execute(f"UPDATE {version} SET version_num = 'alkstore_0000'")
+    try:
+        store = db.store()
+        with pytest.raises(alk.SchemaOutdated, match="alkstore migrate") as info:
+            store.queue("outdated").enqueue(1)
+        assert isinstance(info.value, alk.NotInstalled)
+        assert "alkstore_0000" in str(info.value)
+        store.close()
+    finally:
+        db.execute(f"UPDATE {version} SET version_num = 'alkstore_0001'")

@@ -1,0 +1,29 @@
+"""``alkstore migrate``: run the packaged migrations (for apps without an Alembic setup)."""
+
+from __future__ import annotations
+
+import argparse
+
+import sqlalchemy as sa
+
+from .. import migrations
+from ._common import add_database_options, database_url
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("migrate", help="install or upgrade the alkstore tables (idempotent)")
+    add_database_options(p)
+    p.add_argument("--revision", default="heads", help="target revision (default: head)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    engine = sa.create_engine(database_url(args))
+    try:
+        migrations.upgrade(engine, schema=args.schema, revision=args.revision)
+        with engine.connect() as conn:
+            current = migrations.current_revision(conn, args.schema)
+    finally:
+        engine.dispose()
+    print(f"alkstore schema at {current}")
+    return 0
