@@ -88,6 +88,14 @@ def int32(value: object, what: str, *, minimum: int = INT32_MIN) -> int:
     return value
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def in_int64(job_id: int) -> bool:
+    """Whether an id can exist at all (job ids are signed 64-bit)."""
+    return INT64_MIN <= job_id <= INT64_MAX
+
+
 def max_attempts(value: object) -> int:
     return int32(value, "max_attempts", minimum=1)
 

@@ -16,7 +16,6 @@ from .model import Job, QueueStats, SweepResult
 if TYPE_CHECKING:
     from .store import Store, _DefaultStore
 
-_INT64 = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -78,10 +77,6 @@ def encode_all(store: Store | _DefaultStore, payloads: Iterable[Any]) -> list[st
     if isinstance(payloads, (str, bytes, dict)):
         raise InvalidOptions("payloads must be an iterable of payloads (a list), not a single payload")
     return [v.encode_payload(p, store.max_payload_bytes) for p in payloads]
-
-
-def in_int64(job_id: int) -> bool:
-    return -_INT64 - 1 <= job_id <= _INT64
 
 
 class Queue:
@@ -169,7 +164,7 @@ class Queue:
         if isinstance(ids, (str, bytes)):
             raise InvalidOptions("ids must be an iterable of ints")
         checked = [_job_id(i) for i in ids]
-        wanted = sorted({i for i in checked if in_int64(i)})
+        wanted = sorted({i for i in checked if v.in_int64(i)})
         if not wanted:
             return 0
         params = {"queue": self.name, "ids": wanted, "now": self.store.now()}
@@ -180,7 +175,7 @@ class Queue:
         """Delete a live job of this queue, pending or processing (not an interrupt)."""
         self.store._check_open()
         job_id = _job_id(job_id)
-        if not in_int64(job_id):
+        if not v.in_int64(job_id):
             return False
         with self.store.executor() as ex:
             return self.store.backend.cancel(ex, {"id": job_id, "queue": self.name})
@@ -189,7 +184,7 @@ class Queue:
         """The job with this id (id-global: any queue), live or dead."""
         self.store._check_open()
         job_id = _job_id(job_id)
-        return self.store.get_job(job_id) if in_int64(job_id) else None
+        return self.store.get_job(job_id) if v.in_int64(job_id) else None
 
     def dead_jobs(self, limit: int = 100, before_id: int | None = None) -> list[Job]:
         """Dead jobs of this queue, id descending; only ids below ``before_id`` when given."""
@@ -198,7 +193,7 @@ class Queue:
             raise InvalidOptions("limit must be a non-negative int")
         if before_id is not None:
             before_id = _job_id(before_id)
-            before_id = max(min(before_id, _INT64), -_INT64)
+            before_id = max(min(before_id, v.INT64_MAX), v.INT64_MIN)
         if limit == 0:
             return []
         params = {"queue": self.name, "limit": min(limit, v.INT32_MAX), "before_id": before_id}
@@ -211,7 +206,7 @@ class Queue:
         the dead job's payload and priority), in one transaction; None if there is none."""
         self.store._check_open()
         job_id = _job_id(job_id)
-        if not in_int64(job_id):
+        if not v.in_int64(job_id):
             return None
         params = enqueue_params(
             self.store, self.name, self.opts, delay=None, run_at=None, priority=0,
@@ -295,6 +290,7 @@ class JobHandle:
     def retry(self, error: str, delay: v.Duration | None = None) -> bool:
         """Back to pending after ``delay`` (default: the backoff curve); at the attempt budget,
         to dead as ``"max attempts exceeded"``. ``error`` joins the job's error history."""
+        self._queue.store._check_open()
         text = v.error_text(error)
         wait = v.optional_duration(delay, "delay")
         self._consume()
@@ -310,6 +306,7 @@ class JobHandle:
 
     def fail(self, error: str | None = None) -> bool:
         """Dead-letter now, with ``last_error = error`` (``"failed"`` when None)."""
+        self._queue.store._check_open()
         text = None if error is None else v.error_text(error)
         self._consume()
         store = self._queue.store
@@ -322,9 +319,9 @@ class JobHandle:
     def heartbeat(self, extend: v.Duration) -> bool:
         """Reset the claim deadline to now + ``extend`` (absolute, not additive). A late
         heartbeat (deadline already passed) is refused: it never steals the job back."""
-        seconds = v.duration(extend, "extend", inclusive=False)
         store = self._queue.store
         store._check_open()
+        seconds = v.duration(extend, "extend", inclusive=False)
         if self._consumed:
             raise HandleConsumed()
         params = self._claim_params()

@@ -97,6 +97,19 @@ sa.Index(
     sqlite_where=sa.text("dead_letter_retention IS NOT NULL"),
 )
 
+# SQLite's notify/listen transport (unused on PostgreSQL, which has LISTEN/NOTIFY): a
+# watcher reads rows past the last id it saw; notify prunes old rows as it inserts, so the
+# table's size stays bounded with no consumer chore.
+notifications = sa.Table(
+    "alkstore_notifications",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("channel", sa.Text, nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sqlite_autoincrement=True,
+)
+
 JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns())
 """Column order of every job row read by the backends (state and dead-only fields follow)."""
 

@@ -129,7 +129,10 @@ class Store:
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id, live or dead, in any queue; None when there is none."""
+        self._check_open()
         job_id = check_job_id(job_id)
+        if not v.in_int64(job_id):
+            return None
         with self.executor() as ex:
             row = self.backend.get_job(ex, {"id": job_id}, by_queue=False)
         return None if row is None else job_from_row(row)

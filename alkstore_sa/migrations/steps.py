@@ -45,7 +45,7 @@ def _partial(where: str) -> dict[str, object]:
 
 
 def upgrade_v1(schema: str | None) -> None:
-    """Live and dead job storage with the claim-path indexes."""
+    """Live and dead job storage with the claim-path indexes; the SQLite notification table."""
     if schema is not None:
         op.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
     op.create_table(
@@ -95,8 +95,19 @@ def upgrade_v1(schema: str | None) -> None:
         **_partial("dead_letter_retention IS NOT NULL"),
     )
 
+    op.create_table(
+        "alkstore_notifications",
+        sa.Column("id", _ID, primary_key=True, autoincrement=True),
+        sa.Column("channel", sa.Text, nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+        schema=schema,
+        sqlite_autoincrement=True,
+    )
+
 
 def downgrade_v1(schema: str | None) -> None:
+    op.drop_table("alkstore_notifications", schema=schema)
     op.drop_table("alkstore_dead_jobs", schema=schema)
     op.drop_table("alkstore_jobs", schema=schema)
 

@@ -1,0 +1,64 @@
+"""Subscriber bookkeeping shared by the engines' listener/watcher threads."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("alkstore_sa")
+
+Deliver = Callable[[int, str], None]
+"""Called with (sequence, payload); sequence orders SQLite rows (0 on PostgreSQL)."""
+
+
+class FanOut:
+    """Channel key → subscribers; dispatch runs on the listener thread, so callbacks must
+    be quick (put on a queue, set an event)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subs: dict[str, dict[int, Deliver]] = {}
+        self._ids = itertools.count(1)
+
+    def add(self, key: str, deliver: Deliver) -> tuple[int, bool]:
+        """Register; returns (token, whether this is the key's first subscriber)."""
+        with self._lock:
+            token = next(self._ids)
+            subs = self._subs.setdefault(key, {})
+            subs[token] = deliver
+            return token, len(subs) == 1
+
+    def remove(self, key: str, token: int) -> bool:
+        """Unregister; returns whether the key has no subscriber left."""
+        with self._lock:
+            subs = self._subs.get(key)
+            if subs is None:
+                return False
+            subs.pop(token, None)
+            if subs:
+                return False
+            del self._subs[key]
+            return True
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._subs)
+
+    def has(self, key: str) -> bool:
+        with self._lock:
+            return key in self._subs
+
+    def dispatch(self, key: str, seq: int, payload: str) -> None:
+        with self._lock:
+            targets = list(self._subs.get(key, {}).values())
+        for deliver in targets:
+            try:
+                deliver(seq, payload)
+            except Exception:  # noqa: BLE001 - one bad subscriber must not stop the others
+                log.exception("alkstore notification subscriber failed")
+
+    def dispatch_all(self, payload: str = "") -> None:
+        for key in self.keys():
+            self.dispatch(key, 0, payload)

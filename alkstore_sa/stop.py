@@ -1,0 +1,44 @@
+"""StopToken: one cooperative stop signal shared by any number of loops and threads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+class StopToken:
+    """Set once with ``stop()``; loops poll ``stopped`` or block in ``wait(timeout)``."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def stop(self) -> None:
+        """Ask every loop holding this token to finish; idempotent and thread-safe."""
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb()
+
+    @property
+    def stopped(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stopped or ``timeout`` seconds passed; True when stopped."""
+        return self._event.wait(timeout)
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once when the token stops (at once if it already has)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def __repr__(self) -> str:
+        return f"<StopToken stopped={self.stopped}>"

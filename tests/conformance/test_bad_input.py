@@ -1,0 +1,447 @@
+"""Bad input (SPEC §3, §5): every invalid argument raises its typed error before anything is
+written (the caller's transaction stays usable); refusals on live state are values; names
+are plain values end to end; a closed store refuses every operation. Both engines."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+from tests.support import FakeClock, Target
+
+NAN, INF = float("nan"), float("inf")
+YEAR = 365.25 * 86400
+OVER_100Y = 101 * YEAR
+I32 = 2**31 - 1
+Call = Callable[..., Any]
+
+
+def table_counts(db: Target) -> tuple[object, object]:
+    return (
+        db.scalar(f"SELECT count(*) FROM {db.table('alkstore_jobs')}"),
+        db.scalar(f"SELECT count(*) FROM {db.table('alkstore_dead_jobs')}"),
+    )
+
+
+def snapshot(db: Target, q: alk.Queue) -> tuple[object, ...]:
+    return (q.stats(), *table_counts(db))
+
+
+def expect(err: type[Exception], fn: Call) -> None:
+    with pytest.raises(err) as info:
+        fn()
+    assert isinstance(info.value, alk.AlkstoreError)
+    if err is not alk.StoreClosed:
+        assert isinstance(info.value, ValueError)
+
+
+@contextmanager
+def caller_tx(db: Target, kind: str = "session") -> Iterator[Any]:
+    """The caller's own transaction (an ORM Session or a Connection), committed at the end."""
+    if kind == "session":
+        with Session(db.engine) as s, s.begin():
+            yield s
+    else:
+        with db.engine.connect() as c, c.begin():
+            yield c
+
+
+def assert_refused(db: Target, q: alk.Queue, err: type[Exception], *calls: Call) -> None:
+    """Each call (given a caller's Session) raises ``err``; the tables are left unchanged."""
+    before = snapshot(db, q)
+    with caller_tx(db) as s:
+        for call in calls:
+            expect(err, lambda call=call: call(s))
+    assert snapshot(db, q) == before
+
+
+@pytest.fixture
+def q(store: alk.Store, qname: str) -> alk.Queue:
+    """The test's queue, holding one pending job."""
+    queue = store.queue(qname)
+    queue.enqueue("seed")
+    return queue
+
+
+@pytest.mark.parametrize(
+    "err", [alk.InvalidName, alk.InvalidOptions, alk.PayloadError, alk.InvalidSpec]
+)
+def test_argument_errors_are_value_errors_and_alkstore_errors(err: type[Exception]) -> None:
+    assert issubclass(err, ValueError) and issubclass(err, alk.AlkstoreError)
+    assert issubclass(alk.StoreClosed, alk.AlkstoreError)
+
+
+# -- invalid arguments raise their typed error and write nothing ------------------------------
+
+BAD_NAMES = [None, 42, b"emails", ["q"], "", "x" * 201, "\U0001f642" * 201, "a\x00b", "\x00",
+             "__alkstore", "__alkstore_jobs", "__alkstoreX"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+def test_bad_queue_name(db: Target, store: alk.Store, q: alk.Queue, name: Any) -> None:
+    assert_refused(db, q, alk.InvalidName, lambda s: store.queue(name),
+                   lambda s: alk.enqueue(s, name, "p"), lambda s: alk.enqueue_many(s, name, ["p"]))
+
+
+BAD_QUEUE_OPTS = [
+    *({"visibility_timeout": x} for x in (0, -1, 0.0, timedelta(0), timedelta(seconds=-1),
+                                          NAN, INF, -INF, True, OVER_100Y,
+                                          timedelta(days=101 * 366), 10**400)),
+    *({"max_attempts": x} for x in (0, -1, I32 + 1, 2**63, True, 3.0, NAN)),
+    *({"backoff_base": x} for x in (-1, -0.001, timedelta(seconds=-1), NAN, INF, True, OVER_100Y)),
+    *({"dead_letter_retention": x} for x in (-1, timedelta(seconds=-1), NAN, INF, False, OVER_100Y)),
+]
+
+
+@pytest.mark.parametrize("opts", BAD_QUEUE_OPTS, ids=repr)
+def test_bad_queue_options(db: Target, store: alk.Store, q: alk.Queue, opts: dict) -> None:
+    assert_refused(db, q, alk.InvalidOptions, lambda s: store.queue(q.name, **opts))
+
+
+NAIVE = datetime(2030, 1, 1, 12, 0)
+BAD_ENQUEUE_OPTS = [
+    *({"delay": x} for x in (-1, -0.001, timedelta(seconds=-1), NAN, INF, -INF, True,
+                             OVER_100Y, 10**400)),
+    {"run_at": NAIVE}, {"run_at": datetime(2000, 1, 1)},
+    *({"priority": x} for x in (1.5, 1.0, "1", None, True, False, I32 + 1, -(2**31) - 1, NAN)),
+    *({"max_attempts": x} for x in (0, -1, I32 + 1, True, 2.0)),
+    *({"expires": x} for x in (0, -1, timedelta(0), NAN, INF, True, OVER_100Y)),
+]
+
+
+@pytest.mark.parametrize("opts", BAD_ENQUEUE_OPTS, ids=repr)
+def test_bad_enqueue_options(db: Target, q: alk.Queue, opts: dict) -> None:
+    assert_refused(db, q, alk.InvalidOptions,
+                   lambda s: q.enqueue("p", **opts), lambda s: q.enqueue_many(["a", "b"], **opts),
+                   lambda s: alk.enqueue(s, q.name, "p", **opts),
+                   lambda s: alk.enqueue(s, q, "p", **opts),
+                   lambda s: alk.enqueue_many(s, q, ["a", "b"], **opts))
+
+
+AWARE = datetime(2031, 5, 6, 7, 8, 9, tzinfo=timezone(timedelta(hours=5)))
+ACCEPTED: list[tuple[dict, dict, str, object]] = [  # (queue opts, enqueue opts, field, value)
+    ({"visibility_timeout": timedelta(seconds=30)}, {}, "visibility_timeout", 30.0),
+    ({"visibility_timeout": 0.001}, {}, "visibility_timeout", 0.001),
+    ({"visibility_timeout": 99 * YEAR}, {}, "visibility_timeout", 99 * YEAR),
+    ({"max_attempts": 1}, {}, "max_attempts", 1),
+    ({"max_attempts": I32}, {}, "max_attempts", I32),
+    ({"backoff_base": 0}, {}, "backoff_base", 0.0),
+    ({"backoff_base": timedelta(minutes=1)}, {}, "backoff_base", 60.0),
+    ({"dead_letter_retention": 0}, {}, "dead_letter_retention", 0.0),
+    ({"dead_letter_retention": timedelta(days=7)}, {}, "dead_letter_retention", 7 * 86400.0),
+    ({}, {"delay": 0}, "run_at", 0),
+    ({}, {"delay": timedelta(seconds=5)}, "run_at", 5),
+    ({}, {"delay": 99 * YEAR}, "run_at", 99 * YEAR),
+    ({}, {"run_at": AWARE}, "run_at", AWARE),
+    ({}, {"priority": I32}, "priority", I32),
+    ({}, {"priority": -(2**31)}, "priority", -(2**31)),
+    ({}, {"max_attempts": I32}, "max_attempts", I32),
+    ({}, {"expires": timedelta(minutes=1)}, "expires_at", 60),
+    ({}, {"expires": 0.5}, "expires_at", 0.5),
+]
+
+
+@pytest.mark.parametrize(("qopts", "opts", "field", "expected"), ACCEPTED, ids=repr)
+def test_boundary_options_are_accepted_and_stamped(
+    store: alk.Store, clock: FakeClock, qname: str, qopts: dict, opts: dict, field: str,
+    expected: Any,
+) -> None:
+    q = store.queue(qname, **qopts)
+    job = q.get_job(q.enqueue("p", **opts))
+    assert job is not None
+    value = getattr(job, field)
+    if isinstance(value, datetime):  # a relative expectation is seconds from the clock's now
+        if not isinstance(expected, datetime):
+            expected = datetime.fromtimestamp(clock() + expected, timezone.utc)
+        assert value.tzinfo is not None and abs((value - expected).total_seconds()) < 0.01
+    else:
+        assert value == expected
+
+
+BAD_PAYLOADS = [set(), {1, 2}, b"bytes", bytearray(b"x"), object(), NAN, INF, -INF, 1j,
+                {"a": [1, NAN]}, {"k": {1}}, {(1, 2): "tuple key"}, [1, object()]]
+
+
+def _payload_id(p: object) -> str:
+    """Stable ids (no memory addresses): xdist workers must collect identical names."""
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(p))
+
+
+@pytest.mark.parametrize("payload", BAD_PAYLOADS, ids=_payload_id)
+def test_bad_payload(db: Target, q: alk.Queue, payload: object) -> None:
+    assert_refused(db, q, alk.PayloadError,
+                   lambda s: q.enqueue(payload), lambda s: q.enqueue_many(["ok", payload, "ok"]),
+                   lambda s: alk.enqueue(s, q.name, payload),
+                   lambda s: alk.enqueue_many(s, q, ["ok", payload]))
+
+
+@pytest.mark.parametrize("limit", [64, None], ids=["64B", "default-1MiB"])
+def test_payload_size_limit(db: Target, clock: FakeClock, qname: str, limit: int | None) -> None:
+    kw = {} if limit is None else {"max_payload_bytes": limit}
+    size = limit or 1 << 20
+    with db.store(clock=clock, **kw) as small:  # registered: the transactional forms use it too
+        q = small.queue(qname)
+        fits, too_big = "x" * (size - 2), "x" * (size - 1)  # a JSON string is 2 bytes longer
+        assert_refused(db, q, alk.PayloadError,
+                       lambda s: q.enqueue(too_big), lambda s: q.enqueue_many(["ok", too_big]),
+                       lambda s: alk.enqueue(s, qname, too_big),
+                       lambda s: alk.enqueue_many(s, qname, [too_big]))
+        job = q.get_job(q.enqueue(fits))
+        assert job is not None and job.payload == fits
+
+
+BAD_CLAIMS: dict[str, Call] = {
+    **{f"worker={w!r}": (lambda q, w=w: q.claim_one(w)) for w in ("", None, 1, b"w1", True)},
+    **{f"batch-worker={w!r}": (lambda q, w=w: q.claim_batch(w, 5)) for w in ("", None, 7)},
+    **{f"n={n!r}": (lambda q, n=n: q.claim_batch("w1", n)) for n in ("1", 1.0, None, True, [1])},
+}
+
+
+@pytest.mark.parametrize("call", BAD_CLAIMS)
+def test_bad_claim_argument(db: Target, q: alk.Queue, call: str) -> None:
+    assert_refused(db, q, alk.InvalidOptions, lambda s: BAD_CLAIMS[call](q))
+
+
+@pytest.mark.parametrize("n", [0, -1, -(2**40)])
+def test_claim_batch_non_positive_n_claims_nothing(db: Target, q: alk.Queue, n: int) -> None:
+    before = snapshot(db, q)
+    assert q.claim_batch("w1", n) == []
+    assert snapshot(db, q) == before
+
+
+BAD_HANDLE_CALLS: dict[str, Call] = {
+    **{f"heartbeat({x!r})": (lambda h, x=x: h.heartbeat(x))
+       for x in (0, -1, NAN, INF, True, timedelta(0), OVER_100Y)},
+    **{f"retry(delay={x!r})": (lambda h, x=x: h.retry("e", delay=x))
+       for x in (-1, NAN, INF, True, timedelta(seconds=-1), OVER_100Y)},
+}
+
+
+@pytest.mark.parametrize("call", BAD_HANDLE_CALLS)
+def test_bad_handle_argument_changes_nothing_and_keeps_handle(
+    db: Target, q: alk.Queue, call: str
+) -> None:
+    h = q.claim_one("w1")
+    assert h is not None
+    before, job_before = snapshot(db, q), q.get_job(h.id)
+    expect(alk.InvalidOptions, lambda: BAD_HANDLE_CALLS[call](h))
+    assert snapshot(db, q) == before and q.get_job(h.id) == job_before
+    assert h.ack() is True  # the raising call did not consume the handle
+    assert q.get_job(h.id) is None
+
+
+BAD_IDS = ["1", 1.0, None, True, b"1"]
+ID_OPS: dict[str, tuple[Call, object]] = {  # op, and what it returns for an unknown id
+    "q.cancel": (lambda q, s, i: q.cancel(i), False),
+    "q.get_job": (lambda q, s, i: q.get_job(i), None),
+    "q.requeue_dead": (lambda q, s, i: q.requeue_dead(i), None),
+    "q.ack_batch": (lambda q, s, i: q.ack_batch([i]), 0),
+    "q.dead_jobs": (lambda q, s, i: q.dead_jobs(before_id=i), []),
+    "store.get_job": (lambda q, s, i: q.store.get_job(i), None),
+    "alk.get_job": (lambda q, s, i: alk.get_job(s, q.name, i), None),
+}
+
+
+@pytest.mark.parametrize(("op", "bad"), [  # dead_jobs(before_id=None) is the valid default
+    (op, bad) for op in ID_OPS for bad in BAD_IDS if (op, bad) != ("q.dead_jobs", None)
+], ids=repr)
+def test_job_id_not_an_int(db: Target, q: alk.Queue, op: str, bad: object) -> None:
+    h = q.claim_one("w1")
+    assert h is not None  # a bad id anywhere refuses the whole batch: h stays claimed
+    assert_refused(db, q, alk.InvalidOptions, lambda s: ID_OPS[op][0](q, s, bad),
+                   lambda s: q.ack_batch([h.id, bad]))
+
+
+# -- the caller's transaction survives a refused call -----------------------------------------
+
+TX_BAD_CALLS: dict[str, tuple[type[Exception], Call]] = {
+    "payload": (alk.PayloadError, lambda s, q: alk.enqueue(s, q.name, {1, 2})),
+    "delay": (alk.InvalidOptions, lambda s, q: alk.enqueue(s, q, "p", delay=-1)),
+    "priority": (alk.InvalidOptions, lambda s, q: alk.enqueue(s, q.name, "p", priority=2**31)),
+    "run_at": (alk.InvalidOptions, lambda s, q: alk.enqueue(s, q, "p", run_at=NAIVE)),
+    "name": (alk.InvalidName, lambda s, q: alk.enqueue(s, "__alkstore_x", "p")),
+    "many-payload": (alk.PayloadError, lambda s, q: alk.enqueue_many(s, q.name, ["ok", NAN])),
+    "many-expires": (alk.InvalidOptions, lambda s, q: alk.enqueue_many(s, q, ["ok"], expires=0)),
+    "many-name": (alk.InvalidName, lambda s, q: alk.enqueue_many(s, "", ["ok"])),
+}
+
+
+@pytest.mark.parametrize("kind", ["session", "connection"])
+@pytest.mark.parametrize("bad", TX_BAD_CALLS)
+def test_transaction_stays_usable_after_refusal(
+    db: Target, store: alk.Store, qname: str, bad: str, kind: str
+) -> None:
+    q = store.queue(qname)
+    with caller_tx(db, kind) as tx:
+        first = alk.enqueue(tx, qname, "first")
+        err, call = TX_BAD_CALLS[bad]
+        expect(err, lambda: call(tx, q))
+        assert alk.get_job(tx, qname, 2**64) is None  # out-of-range id: a value, not SQL
+        second = alk.enqueue(tx, q, "second")
+        more = alk.enqueue_many(tx, qname, ["third", "fourth"])
+        assert alk.get_job(tx, qname, second) is not None
+    ids = [first, second, *more]
+    assert [j.payload for j in map(q.get_job, ids) if j] == ["first", "second", "third", "fourth"]
+    assert q.stats().pending == 4
+
+
+# -- names are plain values end to end ---------------------------------------------------------
+
+GOOD_NAMES = ["it's", 'say "hi"', "a;b", "'; DROP TABLE x; --",
+              '"; DROP TABLE alkstore_jobs; --', "\U0001f4e7 emails \U0001f680",
+              "\u0635\u0646\u062f\u0648\u0642 \u0627\u0644\u0628\u0631\u064a\u062f",
+              "\u202eevil\u202c", "\u540d\u524d", "y" * 200, "\U0001f642" * 200, "_alkstore",
+              "__alkstor", "a%b_c", "back\\slash", " ", "tab\tnew\nline", "%(queue)s", ":queue",
+              "?", "$1"]
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES, ids=repr)
+def test_name_is_a_plain_value(db: Target, store: alk.Store, qname: str, name: str) -> None:
+    q, other = store.queue(name), store.queue(qname)
+    other.enqueue("other")
+    jid = q.enqueue({"name": name})
+    with caller_tx(db) as s:
+        tx_id = alk.enqueue(s, name, "tx")
+        job = alk.get_job(s, name, tx_id)
+        assert job is not None and job.queue == name
+        assert alk.get_job(s, qname, tx_id) is None  # queue-filtered read
+    assert (q.stats().pending, other.stats().pending) == (2, 1)
+    hs = q.claim_batch("w1", 10)
+    assert sorted(h.id for h in hs) == sorted([jid, tx_id])
+    assert {h.job.queue for h in hs} == {name}
+    assert all(h.ack() for h in hs)
+    stats = q.stats()
+    assert (stats.pending, stats.processing, stats.dead) == (0, 0, 0)
+    assert other.stats().pending == 1 and table_counts(db)[0] is not None
+
+
+@pytest.mark.parametrize("group", [
+    ("emails", "Emails", "EMAILS", "emails "),
+    ("caf\u00e9", "cafe\u0301"),
+    ("a%", "ab", "a_", "a"),
+], ids=repr)
+def test_similar_names_are_distinct_queues(store: alk.Store, qname: str, group: tuple) -> None:
+    names = [f"{qname}:{g}" for g in group]
+    queues = [store.queue(n) for n in names]
+    for i, q in enumerate(queues):
+        q.enqueue_many([q.name] * (i + 1))
+    for i, q in enumerate(queues):
+        assert q.stats().pending == i + 1
+        hs = q.claim_batch("w1", 100)
+        assert len(hs) == i + 1 and {(h.job.queue, h.payload) for h in hs} == {(q.name, q.name)}
+
+
+# -- refusals on live state are values, not exceptions -----------------------------------------
+
+LATE_OPS: dict[str, Call] = {
+    "ack": lambda h: h.ack(), "heartbeat": lambda h: h.heartbeat(30),
+    "retry": lambda h: h.retry("late"), "retry-delay": lambda h: h.retry("late", delay=0),
+    "fail": lambda h: h.fail("late"), "fail-none": lambda h: h.fail(),
+}
+
+
+@pytest.mark.parametrize("how", ["lapsed", "superseded"])
+@pytest.mark.parametrize("op", LATE_OPS)
+def test_op_on_dead_claim_returns_false_and_changes_nothing(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, op: str, how: str
+) -> None:
+    q = store.queue(qname, visibility_timeout=10, max_attempts=5)
+    jid = q.enqueue("p")
+    h = q.claim_one("w1")
+    assert h is not None
+    clock.advance(11)
+    newer = q.claim_one("w1") if how == "superseded" else None  # same worker id, new claim
+    if how == "superseded":
+        assert newer is not None and newer.id == jid and newer.job.attempts == 2
+    before, job_before = snapshot(db, q), q.get_job(jid)
+    assert LATE_OPS[op](h) is False
+    assert snapshot(db, q) == before and q.get_job(jid) == job_before
+    assert job_before is not None and job_before.state == "processing"
+    if newer is not None:
+        assert newer.ack() is True
+    else:
+        again = q.claim_one("w2")
+        assert again is not None and again.id == jid and again.job.attempts == 2
+
+
+UNKNOWN_IDS = [0, -1, 987_654_321, 2**63 - 1, 2**63, -(2**63) - 1, 2**100]
+
+
+@pytest.mark.parametrize("op", ID_OPS)
+@pytest.mark.parametrize("job_id", UNKNOWN_IDS)
+def test_unknown_id_is_a_value(db: Target, q: alk.Queue, op: str, job_id: int) -> None:
+    before = snapshot(db, q)
+    fn, expected = ID_OPS[op]
+    with caller_tx(db) as s:
+        assert fn(q, s, job_id) == expected
+    assert snapshot(db, q) == before
+
+
+def test_refusals_on_wrong_state_are_values(db: Target, store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    dead_id, pending_id, live_id = q.enqueue_many(["dead", "pending", "live"])
+    h = q.claim_one("w1")
+    assert h is not None and h.id == dead_id and h.fail("x") is True
+    h = q.claim_one("w1")
+    assert h is not None and h.id == pending_id
+    assert q.cancel(pending_id) is True
+    assert h.ack() is False  # cancel is not an interrupt: the holder's next op is refused
+    before = snapshot(db, q)
+    assert q.cancel(dead_id) is False  # a dead id cannot be cancelled
+    assert q.cancel(pending_id) is False  # already gone
+    assert q.requeue_dead(live_id) is None  # a live (pending) job is not dead
+    assert q.ack_batch([live_id, dead_id, pending_id]) == 0  # none processing
+    assert store.queue(qname + "-other").requeue_dead(dead_id) is None  # other queue
+    assert snapshot(db, q) == before
+
+
+# -- a closed store refuses every operation -----------------------------------------------------
+
+CLOSED_OPS: dict[str, Call] = {
+    "q.enqueue": lambda c: c.q.enqueue("p"), "q.enqueue_many": lambda c: c.q.enqueue_many(["p"]),
+    "q.claim_one": lambda c: c.q.claim_one("w1"), "q.claim_batch": lambda c: c.q.claim_batch("w1", 5),
+    "q.ack_batch": lambda c: c.q.ack_batch([c.h.id]), "q.cancel": lambda c: c.q.cancel(c.h.id),
+    "q.get_job": lambda c: c.q.get_job(c.h.id), "q.dead_jobs": lambda c: c.q.dead_jobs(),
+    "q.requeue_dead": lambda c: c.q.requeue_dead(c.dead_id),
+    "q.sweep_expired": lambda c: c.q.sweep_expired(), "q.stats": lambda c: c.q.stats(),
+    "h.ack": lambda c: c.h.ack(), "h.retry": lambda c: c.h.retry("e"),
+    "h.retry-delay": lambda c: c.h.retry("e", delay=1), "h.fail": lambda c: c.h.fail("e"),
+    "h.heartbeat": lambda c: c.h.heartbeat(30),
+    "store.get_job": lambda c: c.store.get_job(c.h.id),
+    "store.queue": lambda c: c.store.queue("fresh"), "store.install": lambda c: c.store.install(),
+    "alk.enqueue(handle)": lambda c: alk.enqueue(c.tx, c.q, "p"),
+    "alk.enqueue_many(handle)": lambda c: alk.enqueue_many(c.tx, c.q, ["p"]),
+    "alk.get_job(handle)": lambda c: alk.get_job(c.tx, c.q, c.h.id),
+}
+
+
+@pytest.mark.parametrize("op", CLOSED_OPS)
+def test_closed_store_raises_store_closed(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, op: str
+) -> None:
+    q = store.queue(qname)
+    dead_id = q.enqueue("dead")
+    h = q.claim_one("w1")
+    assert h is not None and h.fail("x") is True
+    live_id = q.enqueue("live")
+    h = q.claim_one("w1")
+    assert h is not None and h.id == live_id
+    with caller_tx(db) as tx:
+        store.close()
+        ctx = SimpleNamespace(q=q, h=h, store=store, dead_id=dead_id, tx=tx)
+        expect(alk.StoreClosed, lambda: CLOSED_OPS[op](ctx))
+    with db.store(clock=clock) as fresh:  # nothing was written by the refused call
+        fq = fresh.queue(qname)
+        live, dead = fq.get_job(live_id), fq.get_job(dead_id)
+        assert live is not None and live.state == "processing" and live.attempts == 1
+        assert dead is not None and dead.state == "dead"
+        stats = fq.stats()
+        assert (stats.pending, stats.processing, stats.dead) == (0, 1, 1)
