@@ -16,10 +16,12 @@ from .errors import (
     StoreClosed,
 )
 from .model import Job, QueueStats, SweepResult
+from .notify import Notification, Subscription
 from .queue import JobHandle, Queue, QueueOpts
 from .schema import metadata
+from .stop import StopToken
 from .store import Store
-from .transactional import enqueue, enqueue_many, get_job
+from .transactional import enqueue, enqueue_many, get_job, notify
 
 __version__ = "0.1.0"
 
@@ -31,6 +33,7 @@ __all__ = [
     "InvalidOptions",
     "InvalidSpec",
     "Job",
+    "Notification",
     "JobHandle",
     "LeadershipLost",
     "NotInstalled",
@@ -40,10 +43,13 @@ __all__ = [
     "QueueStats",
     "SchemaOutdated",
     "Store",
+    "StopToken",
     "StoreClosed",
+    "Subscription",
     "SweepResult",
     "enqueue",
     "enqueue_many",
     "get_job",
+    "notify",
     "metadata",
 ]

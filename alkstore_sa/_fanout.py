@@ -42,7 +42,7 @@ class FanOut:
             del self._subs[key]
             return True
 
-    def keys(self) -> list[str]:
+    def channel_keys(self) -> list[str]:
         with self._lock:
             return list(self._subs)
 
@@ -60,5 +60,5 @@ class FanOut:
                 log.exception("alkstore notification subscriber failed")
 
     def dispatch_all(self, payload: str = "") -> None:
-        for key in self.keys():
+        for key in self.channel_keys():
             self.dispatch(key, 0, payload)

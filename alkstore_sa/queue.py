@@ -70,6 +70,7 @@ def enqueue_params(
         "backoff_base": opts.backoff_base,
         "dead_letter_retention": opts.dead_letter_retention,
         "now": store.now(),
+        "wake": store.backend.wake_key(queue),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from .model import Job
 from .schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
+    from .notify import Subscription
     from .queue import Queue
 
 Clock = Callable[[], float]
@@ -66,6 +68,9 @@ class Store:
         if self.backend.name == "sqlite":
             configure_sqlite_engine(engine)
         self._conns = ConnectionCache(engine, self.backend)
+        self._hub: Any = None
+        self._hub_pid = 0
+        self._hub_lock = threading.Lock()
         self._closed = False
         self._schema_checked = False
         _register(self)
@@ -86,6 +91,10 @@ class Store:
             return
         self._closed = True
         _unregister(self)
+        with self._hub_lock:
+            hub, self._hub = self._hub, None
+        if hub is not None and self._hub_pid == os.getpid():
+            hub.close()
         self._conns.close()
         if self._owns_engine:
             self.engine.dispose()
@@ -126,6 +135,32 @@ class Store:
             dead_letter_retention=dead_letter_retention,
         )
         return Queue(self, v.name(name, "queue name"), opts)
+
+    def notify(self, channel: str, payload: str = "") -> None:
+        """Send a notification on ``channel`` in its own transaction."""
+        from .notify import notify_params
+
+        self._check_open()
+        params = notify_params(channel, payload)
+        params["now"] = self.now()
+        with self.executor() as ex:
+            self.backend.notify(ex, params)
+
+    def listen(self, channel: str) -> Subscription:
+        """Subscribe to ``channel``; listening when this returns."""
+        from .notify import Subscription
+
+        self._check_open()
+        return Subscription(self, v.name(channel, "channel name", allow_reserved=True))
+
+    def hub(self) -> Any:
+        """The store's one listener/watcher, started on first use (and again after a fork)."""
+        self._check_open()
+        with self._hub_lock:
+            if self._hub is None or self._hub_pid != os.getpid():
+                self._hub = self.backend.create_hub(self.engine)
+                self._hub_pid = os.getpid()
+            return self._hub
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id, live or dead, in any queue; None when there is none."""

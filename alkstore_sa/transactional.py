@@ -99,3 +99,14 @@ def get_job(session: SessionLike, queue: str | Queue, job_id: int) -> Job | None
         return None
     row = store.backend.get_job(store.session_executor(conn), {"id": job_id, "queue": name}, by_queue=True)
     return None if row is None else job_from_row(row)
+
+
+def notify(session: SessionLike, channel: str, payload: str = "") -> None:
+    """Send a notification in the caller's transaction: delivered only if it commits."""
+    from .notify import notify_params
+
+    params = notify_params(channel, payload)
+    conn = connection_of(session)
+    store = store_for(conn)
+    params["now"] = store.now()
+    store.backend.notify(store.session_executor(conn), params)

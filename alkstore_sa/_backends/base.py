@@ -104,6 +104,27 @@ class Backend:
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         return False
 
+    # -- notify / wake ---------------------------------------------------------------------
+
+    def channel_key(self, channel: str) -> str:
+        """How a user channel name is addressed by this engine's transport."""
+        raise NotImplementedError
+
+    def wake_key(self, queue: str) -> str:
+        """The key a queue's consumers wait on."""
+        raise NotImplementedError
+
+    def create_hub(self, engine: Any) -> Any:
+        """The store's listener (PostgreSQL) or watcher (SQLite)."""
+        raise NotImplementedError
+
+    def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _with_wake(self, insert: Any) -> sa.Executable:
+        """An enqueue INSERT ... RETURNING id, plus whatever wakes the queue on commit."""
+        return insert  # type: ignore[no-any-return]
+
     def limit(self, stmt: sa.Select[Any], key: str) -> sa.Select[Any]:
         """``LIMIT :key`` with a bound limit."""
         return stmt.limit(bp(key, sa.Integer))
@@ -189,9 +210,9 @@ class Backend:
     def enqueue(self, ex: Executor, params: Mapping[str, Any]) -> int:
         sql = self.sql(
             "enqueue",
-            lambda: sa.insert(jobs)
-            .values(self._enqueue_values(bp("payload", sa.Text)))
-            .returning(jobs.c.id),
+            lambda: self._with_wake(
+                sa.insert(jobs).values(self._enqueue_values(bp("payload", sa.Text))).returning(jobs.c.id)
+            ),
         )
         return ex.rows(sql, params)[0][0]
 
@@ -200,7 +221,7 @@ class Backend:
 
     def _enqueue_many_from(self, source: Any, value: Any, order: Any) -> sa.Executable:
         values = self._enqueue_values(value)
-        return (
+        return self._with_wake(
             sa.insert(jobs)
             .from_select(list(values), sa.select(*values.values()).order_by(order))
             .returning(jobs.c.id)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,6 +18,15 @@ from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, Backend, Executor, b
 
 # sqlstates: undefined_table, invalid_schema_name
 _MISSING = {"42P01", "3F000"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _hashed(prefix: str, schema: str, name: str) -> str:
+    """A PostgreSQL channel identifier for any name: PostgreSQL truncates identifiers at 63
+    bytes (two long names would collide) and names may hold any character. The schema is
+    part of it so stores on different schemas of one database never wake each other."""
+    digest = hashlib.sha256(f"{schema}\x00{name}".encode()).hexdigest()[:40]
+    return prefix + digest
 
 
 def _materialized(select: sa.Select[Any], name: str) -> sa.CTE:
@@ -65,6 +76,36 @@ class PostgresBackend(Backend):
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         return bool(getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False))
+
+    def channel_key(self, channel: str) -> str:
+        return _hashed("alkc_", self.schema, channel)
+
+    def wake_key(self, queue: str) -> str:
+        return _hashed("alkq_", self.schema, queue)
+
+    def create_hub(self, engine: Any) -> Any:
+        from .pg_listener import PgHub
+
+        return PgHub(engine)
+
+    def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        sql = self.sql(
+            "notify",
+            lambda: sa.select(sa.func.pg_notify(bp("channel", sa.Text), bp("payload", sa.Text))),
+        )
+        ex.rows(sql, {"channel": self.channel_key(params["channel"]), "payload": params["payload"]})
+
+    def _with_wake(self, insert: Any) -> sa.Executable:
+        # pg_notify in the enqueue's own statement: one round trip, delivered exactly when
+        # the enqueue commits (PostgreSQL folds duplicate wakes within a transaction).
+        ins = insert.cte("ins")
+        wake = _materialized(
+            sa.select(
+                sa.func.pg_notify(bp("wake", sa.Text), sa.literal_column("''")).is_(None).label("w")
+            ),
+            "wake",
+        )
+        return sa.select(ins.c.id).select_from(ins.join(wake, sa.true()))
 
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
         def build() -> sa.Executable:

@@ -13,8 +13,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 
-from ..schema import JOB_FIELDS, dead_jobs, jobs
+from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications
 from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, ZERO, Backend, Executor, bp
+
+NOTIFY_KEEP = 1024  # a watcher more than this many notifications behind loses some
+NOTIFY_PRUNE_EVERY = 64
 
 
 class SQLiteBackend(Backend):
@@ -61,12 +64,48 @@ class SQLiteBackend(Backend):
             dbapi_conn.execute("BEGIN IMMEDIATE")
             try:
                 yield
+                dbapi_conn.execute("COMMIT")
             except BaseException:
-                dbapi_conn.execute("ROLLBACK")
+                # a trigger's RAISE(ROLLBACK) or a failed COMMIT may already have ended it;
+                # a second error here must not mask the first
+                if dbapi_conn.in_transaction:
+                    dbapi_conn.execute("ROLLBACK")
                 raise
-            dbapi_conn.execute("COMMIT")
 
         return tx()
+
+    def channel_key(self, channel: str) -> str:
+        return channel  # a row value in the notifications table
+
+    def wake_key(self, queue: str) -> str:
+        return queue  # the watcher sees committed jobs by queue name
+
+    def create_hub(self, engine: Any) -> Any:
+        from .sqlite_watcher import SqliteHub
+
+        return SqliteHub(engine, self.sql)
+
+    def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        insert = self.sql(
+            "notify",
+            lambda: sa.insert(notifications)
+            .values(
+                channel=bp("channel", sa.Text),
+                payload=bp("payload", sa.Text),
+                created_at=self.now(),
+            )
+            .returning(notifications.c.id),
+        )
+        note_id = ex.rows(insert, params)[0][0]
+        if note_id % NOTIFY_PRUNE_EVERY == 0:
+            # the engine caps the table itself: keep the newest NOTIFY_KEEP rows
+            prune = self.sql(
+                "notify:prune",
+                lambda: sa.delete(notifications).where(
+                    notifications.c.id <= bp("id", sa.Integer) - sa.literal_column(str(NOTIFY_KEEP))
+                ),
+            )
+            ex.rowcount(prune, {"id": note_id})
 
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
         import json

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import AlkstoreError, NotInstalled
-from . import migrate
+from . import alembic_revision, migrate
 
-COMMANDS = [migrate]
+COMMANDS = [migrate, alembic_revision]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,201 @@
+"""``alkstore alembic-revision``: write the application's own Alembic revision that installs
+(or upgrades) alkstore's tables inside the app's migration chain.
+
+The call-through model: the generated revision chains to the app's head and calls alkstore's
+versioned steps, so the app keeps exactly one head and its plain ``alembic upgrade head`` /
+``downgrade`` / ``--sql`` cover alkstore too. (A labelled branch shipped through
+``version_locations`` would give the app two heads.) Each generated file carries an
+``ALKSTORE_STEPS = (from, to)`` marker, so after a library upgrade the next run writes only
+the missing steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError, rev_id
+
+from .. import __version__, migrations
+from ..migrations import steps
+from ..schema import DEFAULT_SCHEMA
+
+STEPS_MARKER = "ALKSTORE_STEPS"
+SCHEMA_MARKER = "ALKSTORE_SCHEMA"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one generated revision does: move alkstore from one step to another."""
+
+    rev_id: str
+    down_revision: str | None
+    from_step: int
+    to_step: int
+    schema: str
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "alembic-revision",
+        help="write your app's Alembic revision that installs/upgrades alkstore's tables (one head)",
+    )
+    p.add_argument("-c", "--config", default="alembic.ini", help="the app's alembic.ini (default: ./alembic.ini)")
+    p.add_argument("--down-revision", help="app revision to chain to (default: the app's single head)")
+    p.add_argument(
+        "--from-step", type=int,
+        help="alkstore step the app's chain already reaches (default: read from the revisions "
+        "this command generated earlier, else 0)",
+    )
+    p.add_argument("--to-step", type=int, default=steps.HEAD, help=f"target step (default: {steps.HEAD}, this library's)")
+    p.add_argument(
+        "--schema",
+        help=f"PostgreSQL schema of alkstore's tables (default: the earlier generated revision's, "
+        f"else {DEFAULT_SCHEMA!r}); SQLite ignores it",
+    )
+    p.add_argument("--version-path", help="directory to write into (default: the app's versions directory)")
+    p.add_argument("--rev-id", help="revision id of the new file (default: a random one, as alembic does)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        script = _app_scripts(args.config)
+        plan, version_path = _plan(args, script)
+    except CommandError as exc:
+        raise SystemExit(f"alkstore alembic-revision: {exc}") from exc
+    if plan is None:
+        print(f"alkstore is already at step {args.to_step} in this chain: nothing to generate")
+        return 0
+    version_path.mkdir(parents=True, exist_ok=True)
+    path = version_path / f"{plan.rev_id}_alkstore_steps_{plan.from_step}_to_{plan.to_step}.py"
+    path.write_text(render(plan), encoding="utf-8")
+    print(f"wrote {path} (alkstore steps {plan.from_step} -> {plan.to_step}, revises {plan.down_revision})")
+    return 0
+
+
+def _app_scripts(config: str) -> ScriptDirectory | None:
+    """The app's script directory, or None when it has no alembic.ini (arguments must say all)."""
+    if not Path(config).is_file():
+        return None
+    return ScriptDirectory.from_config(Config(config))
+
+
+def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Plan | None, Path]:
+    if script is None and (args.version_path is None or args.from_step is None):
+        raise CommandError(
+            f"no {args.config}: pass -c path/to/alembic.ini, or all of --version-path, "
+            "--down-revision and --from-step"
+        )
+    down = args.down_revision
+    if down is None and script is not None:
+        down = script.get_current_head()  # raises CommandError on several heads: merge first
+    prev_step, prev_schema = previous_alkstore(script, down)
+    from_step = prev_step if args.from_step is None else args.from_step
+    schema = args.schema or prev_schema or DEFAULT_SCHEMA
+    if prev_schema is not None and schema != prev_schema:
+        raise CommandError(
+            f"earlier alkstore revisions use schema {prev_schema!r}; a later step cannot move "
+            f"the tables to {schema!r}"
+        )
+    if not 0 <= from_step <= args.to_step <= steps.HEAD:
+        raise CommandError(
+            f"need 0 <= from-step ({from_step}) <= to-step ({args.to_step}) <= {steps.HEAD}"
+        )
+    version_path = Path(args.version_path) if args.version_path else Path(script.versions)  # type: ignore[union-attr]
+    if from_step == args.to_step:
+        return None, version_path
+    return Plan(args.rev_id or rev_id(), down, from_step, args.to_step, schema), version_path
+
+
+def previous_alkstore(script: ScriptDirectory | None, down: str | None) -> tuple[int, str | None]:
+    """The step and schema of the nearest generated alkstore revision below ``down``."""
+    if script is None or down is None:
+        return 0, None
+    for rev in script.iterate_revisions(down, "base"):
+        marker = getattr(rev.module, STEPS_MARKER, None)
+        if marker is not None:
+            return int(marker[1]), getattr(rev.module, SCHEMA_MARKER, None)
+    return 0, None
+
+
+def packaged_revision(step: int) -> str | None:
+    """The packaged alkstore revision id that stands for ``step`` (None for step 0).
+
+    The convention ``alkstore_%04d`` is checked against the shipped revisions, so a break in
+    it fails here, at generation time, never inside the app's migration.
+    """
+    if step == 0:
+        return None
+    rev = f"alkstore_{step:04d}"
+    packaged = ScriptDirectory.from_config(migrations.alembic_config())
+    packaged.get_revision(rev)  # raises when the shipped revisions do not have it
+    return rev
+
+
+def render(plan: Plan) -> str:
+    """The revision file's text: the ids are baked in, so the file stays what it was
+    when a later library version ships more steps."""
+    return _TEMPLATE.format(
+        version=__version__,
+        rev_id=plan.rev_id,
+        rev_lit=_lit(plan.rev_id),
+        down=_lit(plan.down_revision),
+        down_text=plan.down_revision or "",
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        from_step=plan.from_step,
+        to_step=plan.to_step,
+        from_rev=_lit(packaged_revision(plan.from_step)),
+        to_rev=_lit(packaged_revision(plan.to_step)),
+        schema=_lit(plan.schema),
+    )
+
+
+def _lit(value: str | None) -> str:
+    """A Python literal in the double quotes formatters prefer (a JSON string is one)."""
+    return "None" if value is None else json.dumps(value)
+
+
+_TEMPLATE = '''\
+"""alkstore schema steps {from_step} -> {to_step} (written by `alkstore alembic-revision`, alkstore_sa {version}).
+
+Installs alkstore's tables inside this application's migration chain: it calls alkstore's
+versioned steps (frozen once released), then records the schema version alkstore checks
+before its first operation. Do not edit. After upgrading alkstore_sa, run
+`alkstore alembic-revision` again: it continues from ALKSTORE_STEPS below.
+
+Revision ID: {rev_id}
+Revises: {down_text}
+Create Date: {date}
+"""
+
+from __future__ import annotations
+
+from alkstore_sa.alembic_support import record_version
+from alkstore_sa.migrations import steps
+
+revision = {rev_lit}
+down_revision = {down}
+branch_labels = None
+depends_on = None
+
+# Read by `alkstore alembic-revision` to continue from here: (from step, to step).
+ALKSTORE_STEPS = ({from_step}, {to_step})
+# alkstore's PostgreSQL schema (on SQLite its tables carry the reserved `alkstore_` prefix).
+ALKSTORE_SCHEMA = {schema}
+
+
+def upgrade() -> None:
+    steps.upgrade(to={to_step}, from_={from_step}, schema=ALKSTORE_SCHEMA)
+    record_version({from_rev}, {to_rev}, schema=ALKSTORE_SCHEMA)
+
+
+def downgrade() -> None:
+    record_version({to_rev}, {from_rev}, schema=ALKSTORE_SCHEMA)
+    steps.downgrade(to={from_step}, from_={to_step}, schema=ALKSTORE_SCHEMA)
+'''

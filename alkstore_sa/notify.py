@@ -1,0 +1,94 @@
+"""notify / listen (SPEC §9): text notifications on named channels, delivered to every
+subscription that was listening when the notify committed."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _validate as v
+from .errors import PayloadError
+
+if TYPE_CHECKING:
+    from .store import Store
+
+MAX_NOTIFY_BYTES = 7999  # PostgreSQL's NOTIFY payload limit, applied on both engines
+_CLOSED = object()
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One delivered notification: the channel name as given, and its text payload."""
+
+    channel: str
+    payload: str
+
+
+def notify_params(channel: object, payload: object) -> dict[str, Any]:
+    """Validate a notify before any SQL."""
+    name = v.name(channel, "channel name", allow_reserved=True)
+    if not isinstance(payload, str):
+        raise PayloadError(f"notify payload must be a str, got {type(payload).__name__}")
+    if "\x00" in payload:
+        raise PayloadError("notify payload must not contain NUL")
+    try:
+        size = len(payload.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise PayloadError("notify payload must be valid Unicode (no lone surrogates)") from None
+    if size > MAX_NOTIFY_BYTES:
+        raise PayloadError(f"notify payload is {size} bytes; the limit is {MAX_NOTIFY_BYTES}")
+    return {"channel": name, "payload": payload}
+
+
+class Subscription:
+    """Notifications of one channel, from the moment ``store.listen()`` returned until
+    ``close()``. Iterating blocks for each next notification and ends at ``close()``."""
+
+    def __init__(self, store: Store, channel: str) -> None:
+        self.channel = channel
+        self._store = store
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._key = store.backend.channel_key(channel)
+        self._hub = store.hub()
+        self._token = self._hub.subscribe(self._key, self._deliver)
+        self._closed = False
+
+    def _deliver(self, _seq: int, payload: str) -> None:
+        self._items.put(Notification(self.channel, payload))
+
+    def get(self, timeout: float | None = None) -> Notification | None:
+        """The next notification, waiting up to ``timeout`` seconds (None: until one
+        arrives or the subscription closes); None on timeout or once closed."""
+        if self._closed and self._items.empty():
+            return None
+        try:
+            item = self._items.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _CLOSED:
+            self._items.put(_CLOSED)
+            return None
+        return item  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[Notification]:
+        while True:
+            item = self.get()
+            if item is None:
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stop listening; a blocked ``get()`` or iteration returns."""
+        if self._closed:
+            return
+        self._closed = True
+        self._hub.unsubscribe(self._key, self._token)
+        self._items.put(_CLOSED)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
