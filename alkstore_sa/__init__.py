@@ -22,12 +22,14 @@ from .schema import metadata
 from .stop import StopToken
 from .store import Store
 from .transactional import enqueue, enqueue_many, get_job, notify
+from .worker import Fail, Retry, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AlkstoreError",
     "DatabaseError",
+    "Fail",
     "HandleConsumed",
     "InvalidName",
     "InvalidOptions",
@@ -41,12 +43,14 @@ __all__ = [
     "Queue",
     "QueueOpts",
     "QueueStats",
+    "Retry",
     "SchemaOutdated",
     "Store",
     "StopToken",
     "StoreClosed",
     "Subscription",
     "SweepResult",
+    "Worker",
     "enqueue",
     "enqueue_many",
     "get_job",

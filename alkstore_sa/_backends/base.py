@@ -28,6 +28,7 @@ EMPTY_ERRORS = sa.literal_column("'[]'")
 ZERO = sa.literal_column("0")
 
 ONE = sa.literal_column("1")
+NEXT_DUE_PRIORITIES = 64
 EXHAUSTED = "max attempts exceeded"
 EXPIRED = "expired"
 EXHAUSTED_SQL = sa.literal_column(f"'{EXHAUSTED}'")
@@ -385,6 +386,51 @@ class Backend:
             dead_jobs.c.dead_letter_retention.is_not(None),
             dead_jobs.c.died_at + dead_jobs.c.dead_letter_retention <= self.now(),
         )
+
+    def next_due(self, ex: Executor, params: Mapping[str, Any]) -> float | None:
+        """Seconds until the queue's next pending job becomes ready or its next claim lapses
+        (None: neither exists); lets an idle consumer sleep exactly that long.
+
+        The pending side is a loose index scan over the claim index: one probe per distinct
+        priority (the first ``run_at`` of each), for the top ``NEXT_DUE_PRIORITIES``
+        priorities — never a scan of the backlog.
+        """
+
+        def build() -> sa.Executable:
+            queue = bp("queue", sa.Text)
+            pending = sa.and_(jobs.c.queue == queue, jobs.c.state == PENDING)
+            prios = (
+                sa.select(sa.func.max(jobs.c.priority).label("p"), ONE.label("depth"))
+                .where(pending)
+                .cte("prios", recursive=True)
+            )
+            lower = (
+                sa.select(sa.func.max(jobs.c.priority))
+                .where(pending, jobs.c.priority < prios.c.p)
+                .scalar_subquery()
+            )
+            prios = prios.union_all(
+                sa.select(lower, prios.c.depth + ONE).where(
+                    prios.c.p.is_not(None),
+                    prios.c.depth < sa.literal_column(str(NEXT_DUE_PRIORITIES)),
+                )
+            )
+            first_run_at = (
+                sa.select(sa.func.min(jobs.c.run_at))
+                .where(pending, jobs.c.priority == prios.c.p)
+                .scalar_subquery()
+            )
+            next_run = sa.select(sa.func.min(first_run_at)).where(prios.c.p.is_not(None)).scalar_subquery()
+            next_lapse = (
+                sa.select(sa.func.min(jobs.c.claim_expires_at))
+                .where(jobs.c.queue == queue, jobs.c.state == PROCESSING)
+                .scalar_subquery()
+            )
+            return sa.select(next_run, next_lapse, self.now())
+
+        next_run, next_lapse, now = ex.rows(self.sql("next_due", build), params)[0]
+        times = [t for t in (next_run, next_lapse) if t is not None]
+        return None if not times else max(0.0, min(times) - now)
 
     def stats(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...]:
         def build() -> sa.Executable:

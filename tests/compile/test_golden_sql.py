@@ -1,0 +1,439 @@
+"""Golden SQL: the driver SQL each backend compiles (``backend._sql``) is pinned on the
+features its correctness depends on, per dialect.
+
+- PostgreSQL claim: ONE statement; every ``FOR UPDATE SKIP LOCKED`` scan sits in an
+  ``AS MATERIALIZED`` CTE, and so does the ``LIMIT`` the final UPDATE joins against (the
+  fence against handing out more than n rows); the exhausted-reclaim DELETE/INSERT CTEs
+  ride in the same statement; ``RETURNING``.
+- SQLite claim: ``UPDATE ... RETURNING`` and never ``FOR UPDATE`` (SQLAlchemy renders
+  ``with_for_update()`` as nothing on SQLite, silently), run inside ``BEGIN IMMEDIATE``.
+- State values are inlined literals (SQLite uses a partial index only when the query's
+  WHERE literally implies the index's WHERE).
+- Every table reference is schema-qualified (``main.`` on SQLite, the quoted configured
+  schema on PostgreSQL, including one that needs quoting), so ``search_path`` is moot.
+- No user value ever reaches SQL text: everything the caller passes is a parameter.
+
+The statements are compiled by running real operations against real databases (the same
+path production takes), then read from the backend's cache. Assertions are on robust
+features, not whole strings, so cosmetic SQLAlchemy changes do not break them.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import sqlalchemy as sa
+
+import alkstore_sa as alk
+from tests.support import FakeClock, Target, pg_target, sqlite_target
+
+TABLES = sorted(t.name for t in alk.metadata.tables.values())
+
+# Values that must never appear in SQL text: each is passed through a public operation.
+QUEUE = "Q-sentinel-3f9a'); DROP TABLE x; --"
+WORKER = "W-sentinel-77c1'"
+ERROR = "E-sentinel-b20e'"
+PAYLOAD = {"P-sentinel-5e1d": "V-sentinel-0a4c'"}
+PRIORITY = 424242
+VISIBILITY = 4321.5
+BACKOFF = 17.25
+RETENTION = 86420.75
+EXPIRES = 97531.5
+DELAY = 13579.5
+CLOCK_START = 1_811_223_344.0
+NUMBERS = ["424242", "4321.5", "17.25", "86420.75", "97531.5", "13579.5", "1811223344"]
+SENTINELS = [QUEUE, WORKER, ERROR, *PAYLOAD, *PAYLOAD.values(), *NUMBERS, "sentinel"]
+
+# Keys the script below must have compiled, per dialect (the hot path first).
+HOT = {"claim", "ack", "retry", "bury", "heartbeat", "enqueue", "enqueue_many", "stats"}
+PG_MOVES = {"sweep", "requeue_dead:take"}
+SQLITE_MOVES = {"claim:bury", "claim:drop", "bury:drop", "sweep:bury", "sweep:drop", "sweep:purge"}
+
+
+@dataclass
+class Compiled:
+    kind: str  # "sqlite" | "postgresql"
+    schema: str
+    sql: dict[str, str]  # backend._sql, whitespace-normalized
+
+    @property
+    def prefix(self) -> str:
+        """How a table's schema must be rendered in front of it."""
+        if self.kind == "sqlite":
+            return "main."
+        if re.fullmatch(r"[a-z_][a-z0-9_]*", self.schema):
+            return f"{self.schema}."
+        # quoted, and with ``%`` doubled: psycopg's pyformat SQL reads ``%`` as a marker
+        return '"' + self.schema.replace('"', '""').replace("%", "%%") + '".'
+
+    def t(self, table: str) -> str:
+        return self.prefix + table
+
+
+def norm(sql: str) -> str:
+    return re.sub(r"\s+", " ", sql).strip()
+
+
+def compile_everything(target: Target) -> Compiled:
+    """Run every queue operation once (sentinel values everywhere) and return what the
+    backend compiled."""
+    store = target.store(clock=FakeClock(CLOCK_START))
+    try:
+        q = store.queue(
+            QUEUE, visibility_timeout=VISIBILITY, max_attempts=2, backoff_base=BACKOFF,
+            dead_letter_retention=RETENTION,
+        )
+        q.enqueue(PAYLOAD, priority=PRIORITY, delay=DELAY, expires=EXPIRES)
+        q.enqueue_many([PAYLOAD, PAYLOAD], priority=PRIORITY, expires=EXPIRES)
+        h1, h2 = q.claim_batch(WORKER, 2)
+        assert h1.heartbeat(VISIBILITY) is True
+        assert h1.retry(ERROR, delay=DELAY) is True
+        assert h2.fail(ERROR) is True
+        assert q.ack_batch([h1.id, h2.id]) == 0
+        q.enqueue(PAYLOAD, priority=PRIORITY)
+        h = q.claim_one(WORKER)
+        assert h is not None and h.ack() is True
+        assert q.cancel(h1.id) is True
+        assert q.get_job(h2.id) is not None and store.get_job(h2.id) is not None
+        with target.engine.connect() as conn:
+            assert alk.get_job(conn, q, h2.id) is not None  # the queue-filtered read
+            alk.enqueue(conn, q, PAYLOAD, priority=PRIORITY)
+            alk.enqueue_many(conn, q, [PAYLOAD], priority=PRIORITY)
+            conn.rollback()
+        assert [j.id for j in q.dead_jobs()] == [h2.id]
+        assert q.dead_jobs(before_id=h2.id) == []
+        assert q.requeue_dead(h2.id) is not None
+        q.sweep_expired()
+        q.stats()
+        sql = {k: norm(v) for k, v in store.backend._sql.items()}
+    finally:
+        store.close()
+    return Compiled(target.kind, target.schema, sql)
+
+
+@pytest.fixture(scope="module")
+def _quoted_pg_target() -> Iterator[Target]:
+    """A PostgreSQL schema whose name needs quoting (space, capital, percent sign)."""
+    from tests.conftest import require_pg
+
+    require_pg()
+    target = pg_target(f"my schema %s Q{uuid.uuid4().hex[:8]}")
+    yield target
+    with target.engine.begin() as c:
+        quoted = '"' + target.schema.replace('"', '""').replace("%", "%%") + '"'
+        c.exec_driver_sql(f"DROP SCHEMA IF EXISTS {quoted} CASCADE")
+    target.engine.dispose()
+
+
+def _compile_on(request: pytest.FixtureRequest, tmp_path, which: str) -> Iterator[Compiled]:
+    if which == "sqlite":
+        target = sqlite_target(str(tmp_path))
+        try:
+            yield compile_everything(target)
+        finally:
+            target.engine.dispose()
+    elif which == "postgresql":
+        yield compile_everything(request.getfixturevalue("_pg_module_target"))
+    else:
+        yield compile_everything(request.getfixturevalue("_quoted_pg_target"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql-quoted-schema"])
+def compiled(request: pytest.FixtureRequest, tmp_path) -> Iterator[Compiled]:
+    """What each backend compiled, on every engine (and a schema that needs quoting)."""
+    yield from _compile_on(request, tmp_path, request.param)
+
+
+@pytest.fixture(params=["postgresql", "postgresql-quoted-schema"])
+def pg_compiled(request: pytest.FixtureRequest, tmp_path) -> Iterator[Compiled]:
+    yield from _compile_on(request, tmp_path, request.param)
+
+
+@pytest.fixture
+def sqlite_compiled(request: pytest.FixtureRequest, tmp_path) -> Iterator[Compiled]:
+    yield from _compile_on(request, tmp_path, "sqlite")
+
+
+# -- CTE parsing (PostgreSQL) --------------------------------------------------------------
+
+
+@dataclass
+class Cte:
+    name: str
+    materialized: bool
+    body: str
+
+
+def _close_paren(sql: str, start: int) -> int:
+    """Index of the parenthesis closing the one at ``start`` (quotes respected)."""
+    depth, i, quote = 0, start, ""
+    while i < len(sql):
+        ch = sql[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise AssertionError(f"unbalanced parentheses in {sql!r}")
+
+
+def split_with(sql: str) -> tuple[list[Cte], str]:
+    """A ``WITH a AS [MATERIALIZED] (...), b AS (...) <main>`` statement → (CTEs, main)."""
+    assert sql.startswith("WITH "), sql[:80]
+    ctes: list[Cte] = []
+    pos = len("WITH ")
+    while True:
+        m = re.compile(r"(\w+) AS (MATERIALIZED )?\(").match(sql, pos)
+        assert m, f"expected a CTE at {sql[pos:pos + 80]!r}"
+        end = _close_paren(sql, m.end() - 1)
+        ctes.append(Cte(m.group(1), bool(m.group(2)), sql[m.end() : end]))
+        pos = end + 1
+        if sql.startswith(", ", pos):
+            pos += 2
+            continue
+        return ctes, sql[pos:].strip()
+
+
+def the_cte(ctes: list[Cte], *needles: str) -> Cte:
+    found = [c for c in ctes if all(n in c.body for n in needles)]
+    assert len(found) == 1, f"expected exactly one CTE containing {needles}, got {[c.name for c in found]}"
+    return found[0]
+
+
+# -- every dialect ------------------------------------------------------------------------
+
+
+def test_hot_statements_are_compiled(compiled: Compiled) -> None:
+    missing = HOT - set(compiled.sql)
+    assert not missing, f"operations ran but these statements were never compiled: {missing}"
+    moves = SQLITE_MOVES if compiled.kind == "sqlite" else PG_MOVES
+    assert not moves - set(compiled.sql), moves - set(compiled.sql)
+
+
+def test_every_table_reference_is_schema_qualified(compiled: Compiled) -> None:
+    names = "|".join(map(re.escape, TABLES))
+    for key, sql in compiled.sql.items():
+        refs = list(re.finditer(rf"(?<![\w])({names})(?![\w])", sql))
+        assert refs, f"{key}: no alkstore table at all?"
+        for m in refs:
+            before = sql[: m.start()]
+            assert before.endswith(compiled.prefix), (
+                f"{key}: table {m.group(1)!r} not qualified with {compiled.prefix!r}: "
+                f"...{sql[max(0, m.start() - 60) : m.end() + 20]}..."
+            )
+
+
+def test_no_user_value_in_sql_text(compiled: Compiled) -> None:
+    for key, sql in compiled.sql.items():
+        for value in SENTINELS:
+            assert value not in sql, f"{key}: user value {value!r} was rendered into SQL text"
+
+
+# The only string literals any statement may carry: the library's own constants.
+LITERALS = {
+    "pending", "processing", "dead", "[]", "max attempts exceeded", "expired",  # values
+    "epoch", "$[#]", "attempt", "error", "at",  # clock and error-history plumbing
+    "",  # the (empty) payload of a queue wake
+}
+
+
+def test_string_literals_are_library_constants(compiled: Compiled) -> None:
+    for key, sql in compiled.sql.items():
+        found = {m.replace("''", "'") for m in re.findall(r"'((?:[^']|'')*)'", sql)}
+        assert found <= LITERALS, f"{key}: unexpected literals {found - LITERALS}"
+
+
+def test_only_named_parameters_of_the_driver_paramstyle(compiled: Compiled) -> None:
+    # the executor passes a dict: positional markers would be silently unfillable
+    for key, sql in compiled.sql.items():
+        assert "?" not in sql and not re.search(r"\$\d", sql), key
+        if compiled.kind == "sqlite":
+            assert "%(" not in sql, key
+            assert re.search(r":\w+", sql), f"{key}: a statement with no parameters?"
+        else:
+            assert not re.search(r"(?<![:\w]):[a-z_]+\b", sql), key
+            assert re.search(r"%\(\w+\)s", sql), f"{key}: a statement with no parameters?"
+
+
+def test_state_values_are_inlined_literals(compiled: Compiled) -> None:
+    t = compiled.t("alkstore_jobs")
+    for key, sql in compiled.sql.items():
+        assert not re.search(r"(:|%\()state\b", sql), f"{key}: state is a bound parameter"
+        assert not re.search(r"state\s*=\s*(:|%\()", sql), key
+    claim = compiled.sql["claim"]
+    # the pending scan and the reclaim scan each literally imply their partial index's WHERE
+    assert f"{t}.state = 'pending'" in claim
+    assert f"{t}.state = 'processing'" in claim
+    assert re.search(r"SET state\s*=\s*'processing'", claim)
+    for key in ("ack", "heartbeat", "retry", "bury"):
+        assert f"{t}.state = 'processing'" in compiled.sql[key], key
+    assert re.search(r"SET state\s*=\s*'pending'", compiled.sql["retry"])
+    assert "VALUES ('pending'," in compiled.sql["enqueue"]
+    assert f"{t}.state = 'pending'" in compiled.sql["stats"]
+
+
+def test_validity_predicate_is_the_claim_token(compiled: Compiled) -> None:
+    """ack/heartbeat/retry/fail act only on this claim: id, processing, this attempt
+    number, deadline not passed — never the worker_id."""
+    t = compiled.t("alkstore_jobs")
+    for key in ("ack", "heartbeat", "retry", "bury"):
+        sql = compiled.sql[key]
+        assert re.search(rf"{re.escape(t)}\.attempts = (:attempts|%\(attempts\)s)", sql), key
+        assert re.search(rf"{re.escape(t)}\.claim_expires_at > ", sql), key
+        assert re.search(rf"{re.escape(t)}\.id = (:id|%\(id\)s)", sql), key
+        assert "worker_id =" not in sql, f"{key}: the claim token must not be the worker_id"
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------
+
+
+def test_pg_claim_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> None:
+    compiled = pg_compiled
+    sql = compiled.sql["claim"]
+    jobs, dead = compiled.t("alkstore_jobs"), compiled.t("alkstore_dead_jobs")
+    assert ";" not in sql, "the claim must be ONE statement (one round trip, one snapshot)"
+    ctes, main = split_with(sql)
+
+    # every row-locking read skips locked rows, and is fenced in a MATERIALIZED CTE
+    assert sql.count("FOR UPDATE") == sql.count("FOR UPDATE SKIP LOCKED") == 3, (
+        "the exhausted, pending and reclaim scans must each lock with SKIP LOCKED (and only they)"
+    )
+    for c in ctes:
+        if "FOR UPDATE SKIP LOCKED" in c.body:
+            assert c.materialized, f"CTE {c.name} locks rows but is not AS MATERIALIZED"
+            assert c.body.rstrip().endswith("FOR UPDATE SKIP LOCKED"), c.name
+            assert f"FROM {jobs} " in c.body, c.name
+
+    pend = the_cte(ctes, f"{jobs}.state = 'pending'")
+    assert "FOR UPDATE SKIP LOCKED" in pend.body and pend.materialized
+    assert re.search(rf"ORDER BY {re.escape(jobs)}\.priority DESC, {re.escape(jobs)}\.run_at, "
+                     rf"{re.escape(jobs)}\.id LIMIT %\(n\)s", pend.body), pend.body
+    recl = the_cte(ctes, f"{jobs}.state = 'processing'", f"{jobs}.attempts < {jobs}.max_attempts")
+    assert "FOR UPDATE SKIP LOCKED" in recl.body and recl.materialized and "LIMIT %(n)s" in recl.body
+    exhausted = the_cte(ctes, f"{jobs}.state = 'processing'", f"{jobs}.attempts >= {jobs}.max_attempts")
+    assert "FOR UPDATE SKIP LOCKED" in exhausted.body and exhausted.materialized
+
+    # exhausted reclaimables: DELETE ... RETURNING feeds INSERT INTO dead, same statement
+    gone = the_cte(ctes, f"DELETE FROM {jobs} ")
+    assert gone.body.startswith(f"DELETE FROM {jobs} WHERE {jobs}.id IN (SELECT {exhausted.name}.id")
+    assert " RETURNING " in gone.body
+    buried = the_cte(ctes, f"INSERT INTO {dead} ")
+    assert "'max attempts exceeded'" in buried.body
+    assert buried.body.rstrip().endswith(f"FROM {gone.name}"), buried.body[-80:]
+
+    # the fence: the UPDATE joins a MATERIALIZED, LIMITed pick, not an IN (... LIMIT) subquery
+    picked = the_cte(ctes, f"FROM {pend.name}", f"FROM {recl.name}")
+    assert picked.materialized, picked.name
+    assert re.search(r"LIMIT %\(n\)s(::INTEGER)?$", picked.body), picked.body
+    assert main.startswith(f"UPDATE {jobs} SET state='processing', attempts=({jobs}.attempts + 1)")
+    assert f" FROM {picked.name} WHERE {jobs}.id = {picked.name}.id RETURNING " in main, main
+    assert "LIMIT" not in main and "IN (SELECT" not in main, "the UPDATE must join the fenced pick"
+    assert [c.name for c in ctes].index(buried.name) < [c.name for c in ctes].index(pend.name)
+
+
+def test_pg_moves_are_single_statements(pg_compiled: Compiled) -> None:
+    """fail / retry-at-budget (bury) and sweep move rows with one DELETE ... RETURNING
+    feeding one INSERT: atomic without a transaction, one round trip."""
+    compiled = pg_compiled
+    jobs, dead = compiled.t("alkstore_jobs"), compiled.t("alkstore_dead_jobs")
+
+    bury = compiled.sql["bury"]
+    assert ";" not in bury
+    ctes, main = split_with(bury)
+    gone = the_cte(ctes, f"DELETE FROM {jobs} WHERE {jobs}.id = %(id)s")
+    assert f"{jobs}.state = 'processing'" in gone.body and " RETURNING " in gone.body
+    assert main.startswith(f"INSERT INTO {dead} (")
+    assert f"FROM {gone.name} RETURNING " in main and "%(last_error)s" in main
+
+    sweep = compiled.sql["sweep"]
+    assert ";" not in sweep
+    ctes, main = split_with(sweep)
+    gone = the_cte(ctes, f"DELETE FROM {jobs} WHERE {jobs}.queue = %(queue)s")
+    assert f"{jobs}.expires_at <= " in gone.body and " RETURNING " in gone.body
+    buried = the_cte(ctes, f"INSERT INTO {dead} ", f"FROM {gone.name}")
+    assert "'expired'" in buried.body
+    purged = the_cte(ctes, f"DELETE FROM {dead} ")
+    assert f"{dead}.dead_letter_retention IS NOT NULL" in purged.body
+    assert main.startswith("SELECT ") and buried.name in main and purged.name in main
+
+    requeue = compiled.sql["requeue_dead:take"]
+    assert requeue.startswith(f"DELETE FROM {dead} WHERE ") and " RETURNING " in requeue
+
+
+def test_pg_time_is_one_statement_clock(pg_compiled: Compiled) -> None:
+    """Every time reading is the passed clock or the statement's own timestamp."""
+    compiled = pg_compiled
+    for key, sql in compiled.sql.items():
+        assert "now()" not in sql.lower().replace("statement_timestamp()", ""), key
+        assert "clock_timestamp" not in sql and "CURRENT_TIMESTAMP" not in sql.upper(), key
+
+
+# -- SQLite ---------------------------------------------------------------------------------
+
+
+def test_sqlite_claim_is_update_returning_without_for_update(sqlite_compiled: Compiled) -> None:
+    compiled = sqlite_compiled
+    for key, sql in compiled.sql.items():
+        assert "FOR UPDATE" not in sql and "SKIP LOCKED" not in sql, key
+    jobs = compiled.t("alkstore_jobs")
+    claim = compiled.sql["claim"]
+    assert ";" not in claim
+    assert claim.startswith(f"UPDATE {jobs} SET state='processing', attempts=({jobs}.attempts + 1)")
+    assert re.search(r" RETURNING id, .*\bstate$", claim), claim[-200:]
+    assert f"WHERE {jobs}.id IN (SELECT " in claim
+    assert claim.count("LIMIT :n") == 3  # each candidate scan, and the pick
+    assert f"{jobs}.attempts < {jobs}.max_attempts" in claim
+
+
+def test_sqlite_moves_delete_exactly_what_they_inserted(sqlite_compiled: Compiled) -> None:
+    """INSERT INTO dead SELECT ... WHERE P, then DELETE ... WHERE P in the same IMMEDIATE
+    transaction: the two predicates must be the same text, or rows vanish or duplicate."""
+    compiled = sqlite_compiled
+    jobs, dead = compiled.t("alkstore_jobs"), compiled.t("alkstore_dead_jobs")
+    for bury_key, drop_key, last_error in (
+        ("claim:bury", "claim:drop", "'max attempts exceeded'"),
+        ("sweep:bury", "sweep:drop", "'expired'"),
+    ):
+        bury, drop = compiled.sql[bury_key], compiled.sql[drop_key]
+        assert bury.startswith(f"INSERT INTO {dead} (") and last_error in bury
+        m = re.fullmatch(rf"DELETE FROM {re.escape(jobs)} WHERE (.+)", drop)
+        assert m, drop
+        assert f"WHERE {m.group(1)})" in bury, f"{bury_key} and {drop_key} select different rows"
+    bury = compiled.sql["bury"]
+    assert bury.startswith(f"INSERT INTO {dead} (") and ":last_error" in bury
+    assert compiled.sql["bury:drop"] == f"DELETE FROM {jobs} WHERE {jobs}.id = :id"
+
+
+def test_sqlite_claim_runs_in_begin_immediate(tmp_path, clock: FakeClock) -> None:
+    """The write lock is taken up front: the claim's statements run between BEGIN
+    IMMEDIATE and COMMIT on one connection (a deferred BEGIN could fail on lock upgrade)."""
+    target = sqlite_target(str(tmp_path))
+    trace: list[str] = []
+    sa.event.listen(
+        target.engine, "connect", lambda dbapi, _rec: dbapi.set_trace_callback(trace.append)
+    )
+    store = target.store(clock=clock)  # disposes the pool: every connection is traced
+    try:
+        q = store.queue("emails")
+        q.enqueue("x")
+        trace.clear()
+        assert q.claim_one("w1") is not None
+        stmts = [norm(s) for s in trace]
+        assert stmts[0] == "BEGIN IMMEDIATE" and stmts[-1] == "COMMIT", stmts
+        inner = stmts[1:-1]
+        assert inner and inner[-1].startswith("UPDATE main.alkstore_jobs SET state='processing'")
+        assert not any(s.startswith(("BEGIN", "COMMIT", "ROLLBACK")) for s in inner), inner
+    finally:
+        store.close()
+        target.engine.dispose()
