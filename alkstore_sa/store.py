@@ -18,7 +18,7 @@ from ._conn import ConnectionCache, RawExecutor, SessionExecutor
 from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
 from .errors import InvalidOptions, StoreClosed
-from .model import Job
+from .model import Job, QueueStats
 from .schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
@@ -161,6 +161,22 @@ class Store:
                 self._hub = self.backend.create_hub(self.engine)
                 self._hub_pid = os.getpid()
             return self._hub
+
+    def queue_stats(self) -> dict[str, QueueStats]:
+        """Stats of every queue that has live or dead jobs, by name (one grouped pass over
+        the tables: meant for operators, not for hot paths)."""
+        with self.executor() as ex:
+            rows = self.backend.overview(ex, {"now": self.now()})
+        (now,) = rows.pop(None)
+        if now is None:
+            now = time.time()
+        return {
+            name: QueueStats(
+                pending=p, ready=r, processing=pr, dead=d,
+                oldest_ready_age=None if oldest is None else max(0.0, now - oldest),
+            )
+            for name, (p, r, pr, d, oldest) in sorted(rows.items())
+        }
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id, live or dead, in any queue; None when there is none."""

@@ -432,6 +432,37 @@ class Backend:
         times = [t for t in (next_run, next_lapse) if t is not None]
         return None if not times else max(0.0, min(times) - now)
 
+    def overview(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, list[Any]]:
+        """Per queue: [pending, ready, processing, dead, oldest ready run_at], plus ``now``
+        under the key None — one grouped pass over each table (an operator's command)."""
+
+        def live() -> sa.Executable:
+            now = self.now()
+            ready = sa.and_(jobs.c.state == PENDING, jobs.c.run_at <= now, self.not_expired())
+
+            def count(cond: Any) -> Any:
+                return sa.func.coalesce(sa.func.sum(sa.case((cond, ONE), else_=ZERO)), ZERO)
+
+            return sa.select(
+                jobs.c.queue,
+                count(jobs.c.state == PENDING),
+                count(ready),
+                count(jobs.c.state == PROCESSING),
+                sa.func.min(sa.case((ready, jobs.c.run_at), else_=sa.null())),
+                now,
+            ).group_by(jobs.c.queue)
+
+        def dead() -> sa.Executable:
+            return sa.select(dead_jobs.c.queue, sa.func.count()).group_by(dead_jobs.c.queue)
+
+        result: dict[Any, list[Any]] = {None: [params.get("now")]}
+        for queue, pending, ready, processing, oldest, now in ex.rows(self.sql("overview:live", live), params):
+            result[queue] = [pending, ready, processing, 0, oldest]
+            result[None] = [now]
+        for queue, n in ex.rows(self.sql("overview:dead", dead), params):
+            result.setdefault(queue, [0, 0, 0, 0, None])[3] = n
+        return result
+
     def stats(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...]:
         def build() -> sa.Executable:
             now = self.now()

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import AlkstoreError, NotInstalled
-from . import alembic_revision, migrate
+from . import alembic_revision, dead, migrate, status, sweep, worker
 
-COMMANDS = [migrate, alembic_revision]
+COMMANDS = [migrate, alembic_revision, worker, status, dead, sweep]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except NotInstalled as exc:

@@ -1,0 +1,92 @@
+"""``alkstore dead list|show|requeue``: inspect and re-drive dead-lettered jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from ..model import Job
+from ._common import add_database_options, open_store
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("dead", help="list, show or requeue dead jobs")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ls = actions.add_parser("list", help="dead jobs of a queue, newest first")
+    ls.add_argument("--queue", "-q", required=True)
+    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--before", type=int, default=None, help="only ids below this (pagination)")
+    ls.add_argument("--json", action="store_true")
+    show = actions.add_parser("show", help="one job (live or dead) in full")
+    show.add_argument("job_id", type=int)
+    requeue = actions.add_parser("requeue", help="enqueue dead jobs afresh (new ids)")
+    requeue.add_argument("--queue", "-q", required=True)
+    requeue.add_argument("job_ids", type=int, nargs="+")
+    for a in (ls, show, requeue):
+        add_database_options(a)
+    ls.set_defaults(func=run_list)
+    show.set_defaults(func=run_show)
+    requeue.set_defaults(func=run_requeue)
+
+
+def _json(job: Job) -> dict[str, Any]:
+    def plain(value: Any) -> Any:
+        if isinstance(value, datetime):
+            return value.isoformat()
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return plain(asdict(job))  # type: ignore[no-any-return]
+
+
+def run_list(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        jobs = store.queue(args.queue).dead_jobs(limit=args.limit, before_id=args.before)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps([_json(j) for j in jobs], indent=2))
+        return 0
+    for j in jobs:
+        died = j.died_at.isoformat(timespec="seconds") if j.died_at else "-"
+        print(f"{j.id}\t{died}\tattempts={j.attempts}/{j.max_attempts}\t{j.last_error}")
+    if not jobs:
+        print("(no dead jobs)")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        job = store.get_job(args.job_id)
+    finally:
+        store.close()
+    if job is None:
+        print(f"no job {args.job_id}")
+        return 1
+    print(json.dumps(_json(job), indent=2))
+    return 0
+
+
+def run_requeue(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    missing = 0
+    try:
+        q = store.queue(args.queue)
+        for job_id in args.job_ids:
+            new_id = q.requeue_dead(job_id)
+            if new_id is None:
+                missing += 1
+                print(f"{job_id}: no dead job with this id in {args.queue!r}")
+            else:
+                print(f"{job_id} -> {new_id}")
+    finally:
+        store.close()
+    return 1 if missing else 0

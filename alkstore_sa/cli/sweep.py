@@ -1,0 +1,26 @@
+"""``alkstore sweep [--queue Q]``: move expired jobs to dead and purge old dead jobs."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import add_database_options, open_store
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("sweep", help="expire and purge (every queue unless --queue)")
+    p.add_argument("--queue", "-q", action="append", help="queue to sweep (repeatable)")
+    add_database_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        names = args.queue or list(store.queue_stats())
+        for name in names:
+            result = store.queue(name).sweep_expired()
+            print(f"{name}: expired={result.expired} purged={result.purged}")
+    finally:
+        store.close()
+    return 0
