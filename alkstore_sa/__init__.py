@@ -15,13 +15,15 @@ from .errors import (
     SchemaOutdated,
     StoreClosed,
 )
-from .model import Job, QueueStats, SweepResult
+from .locks import Lock
+from .model import Job, LockInfo, QueueStats, Schedule, SweepResult
 from .notify import Notification, Subscription
+from .outbox import Outbox
 from .queue import JobHandle, Queue, QueueOpts
 from .schema import metadata
 from .stop import StopToken
 from .store import Store
-from .transactional import enqueue, enqueue_many, get_job, notify
+from .transactional import enqueue, enqueue_many, get_job, notify, outbox_enqueue
 from .worker import Fail, Retry, Worker
 
 __version__ = "0.1.0"
@@ -37,13 +39,17 @@ __all__ = [
     "Job",
     "Notification",
     "JobHandle",
+    "Lock",
+    "LockInfo",
     "LeadershipLost",
     "NotInstalled",
+    "Outbox",
     "PayloadError",
     "Queue",
     "QueueOpts",
     "QueueStats",
     "Retry",
+    "Schedule",
     "SchemaOutdated",
     "Store",
     "StopToken",
@@ -55,5 +61,6 @@ __all__ = [
     "enqueue_many",
     "get_job",
     "notify",
+    "outbox_enqueue",
     "metadata",
 ]

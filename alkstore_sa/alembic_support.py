@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.schema import SchemaItem
 
 from alembic import op
 
@@ -70,7 +71,7 @@ def enable_wal(connection: Connection) -> None:
         connection.commit()
 
 
-def _version_columns() -> list[sa.SchemaItem]:
+def _version_columns() -> list[SchemaItem]:
     """The shape Alembic gives a version table, so ``alkstore migrate`` reads and continues
     from what a generated revision recorded."""
     return [
@@ -87,8 +88,8 @@ def record_version(from_revision: str | None, to_revision: str | None, *, schema
     if from_revision == to_revision:
         return
     if from_revision is None:
-        table = op.create_table(VERSION_TABLE, *_version_columns(), schema=schema)
-        op.bulk_insert(table, [{"version_num": to_revision}])
+        created = op.create_table(VERSION_TABLE, *_version_columns(), schema=schema)
+        op.bulk_insert(created, [{"version_num": to_revision}])
     elif to_revision is None:
         op.drop_table(VERSION_TABLE, schema=schema)
     else:

@@ -59,3 +59,30 @@ class QueueStats:
     processing: int
     dead: int
     oldest_ready_age: float | None
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """The live holder of a lock: its owner and when its lease lapses."""
+
+    name: str
+    owner: str
+    acquired_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A registered ``@every`` schedule and the next boundary it will fire."""
+
+    name: str
+    spec: str
+    interval: float
+    queue: str
+    payload: Any
+    priority: int
+    max_attempts: int | None
+    expires: float | None
+    next_fire_at: datetime
+    created_at: datetime
+    updated_at: datetime

@@ -110,6 +110,36 @@ notifications = sa.Table(
     sqlite_autoincrement=True,
 )
 
+# Leases (locks and the scheduler's leadership): one row per held-or-lapsed lock; a lease
+# past expires_at is free, with no reaper needed (expiry is silent).
+locks = sa.Table(
+    "alkstore_locks",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("acquired_at", sa.Double, nullable=False),
+    sa.Column("expires_at", sa.Double, nullable=False),
+)
+
+# Schedules: `@every` specs firing into queues; next_fire_at is the next unfired boundary
+# (boundaries are multiples of the interval since the Unix epoch).
+schedules = sa.Table(
+    "alkstore_schedules",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("interval", sa.Double, nullable=False),
+    sa.Column("queue", sa.Text, nullable=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=True),
+    sa.Column("expires", sa.Double, nullable=True),
+    sa.Column("next_fire_at", sa.Double, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+sa.Index("alkstore_schedules_due_ix", schedules.c.next_fire_at)
+
 JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns())
 """Column order of every job row read by the backends (state and dead-only fields follow)."""
 

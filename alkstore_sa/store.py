@@ -18,12 +18,16 @@ from ._conn import ConnectionCache, RawExecutor, SessionExecutor
 from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
 from .errors import InvalidOptions, StoreClosed
-from .model import Job, QueueStats
+from .model import Job, QueueStats, Schedule
 from .schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
+    from .locks import Lock
     from .notify import Subscription
+    from .outbox import Outbox
     from .queue import Queue
+    from .scheduler import Scheduler
+    from .stop import StopToken
 
 Clock = Callable[[], float]
 DEFAULT_MAX_PAYLOAD = 1 << 20
@@ -135,6 +139,56 @@ class Store:
             dead_letter_retention=dead_letter_retention,
         )
         return Queue(self, v.name(name, "queue name"), opts)
+
+    def lock(self, name: str) -> Lock:
+        """A handle on the lock ``name``; writes nothing."""
+        from .locks import Lock
+
+        self._check_open()
+        return Lock(self, v.name(name, "lock name"))
+
+    def outbox(self, name: str) -> Outbox:
+        """A handle on the outbox ``name``; writes nothing."""
+        from .outbox import Outbox
+
+        self._check_open()
+        return Outbox(self, v.name(name, "outbox name"))
+
+    def schedule(
+        self,
+        name: str,
+        spec: str,
+        queue: str,
+        payload: Any,
+        *,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        expires: v.Duration | None = None,
+    ) -> None:
+        """Create or update (by name) a schedule firing ``payload`` into ``queue`` at every
+        boundary of ``spec`` (``@every <n><s|m|h|d>``)."""
+        self._scheduler().schedule(
+            name, spec, queue, payload, priority=priority, max_attempts=max_attempts, expires=expires
+        )
+
+    def unschedule(self, name: str) -> bool:
+        """Remove a schedule; False when there was none."""
+        return self._scheduler().unschedule(name)
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        return self._scheduler().schedules()
+
+    def run_schedules(self, stop: StopToken, *, lease: v.Duration = 30.0) -> None:
+        """Fire schedules until ``stop`` while leading (waiting to lead meanwhile); raises
+        LeadershipLost if the leadership lease lapsed or was taken."""
+        self._scheduler().run(stop, lease=lease)
+
+    def _scheduler(self) -> Scheduler:
+        from .scheduler import Scheduler
+
+        self._check_open()
+        return Scheduler(self)
 
     def notify(self, channel: str, payload: str = "") -> None:
         """Send a notification on ``channel`` in its own transaction."""

@@ -110,3 +110,17 @@ def notify(session: SessionLike, channel: str, payload: str = "") -> None:
     store = store_for(conn)
     params["now"] = store.now()
     store.backend.notify(store.session_executor(conn), params)
+
+
+def outbox_enqueue(session: SessionLike, outbox: str, payload: Any) -> int:
+    """Write one outbox message in the caller's transaction; returns its id."""
+    from .outbox import OUTBOX_OPTS, backing_queue_name
+
+    name = backing_queue_name(v.name(outbox, "outbox name"))
+    conn = connection_of(session)
+    store = store_for(conn)
+    params = enqueue_params(
+        store, name, OUTBOX_OPTS, delay=None, run_at=None, priority=0, max_attempts=None, expires=None
+    )
+    params["payload"] = v.encode_payload(payload, store.max_payload_bytes)
+    return store.backend.enqueue(store.session_executor(conn), params)

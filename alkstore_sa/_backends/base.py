@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 from ..errors import DatabaseError, NotInstalled
-from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, dead_jobs, jobs
+from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, dead_jobs, jobs, locks, schedules
 
 # State values are inlined as literals (never bound): SQLite only uses a partial index
 # when the query's WHERE literally implies the index's WHERE.
@@ -104,6 +104,10 @@ class Backend:
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         return False
+
+    def upsert(self, table: sa.Table) -> Any:
+        """The dialect's INSERT construct that supports ON CONFLICT."""
+        raise NotImplementedError
 
     # -- notify / wake ---------------------------------------------------------------------
 
@@ -462,6 +466,145 @@ class Backend:
         for queue, n in ex.rows(self.sql("overview:dead", dead), params):
             result.setdefault(queue, [0, 0, 0, 0, None])[3] = n
         return result
+
+    # -- clock -----------------------------------------------------------------------------
+
+    def read_now(self, ex: Executor, now: float | None) -> float:
+        """The operation's time as a number: the injected reading, or one database read."""
+        if now is not None:
+            return now
+        return float(ex.rows(self.sql("now", lambda: sa.select(self.now())), {"now": None})[0][0])
+
+    # -- locks (leases) --------------------------------------------------------------------
+
+    def lock_acquire(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        """One atomic upsert: take the lease if it is free, lapsed, or already ours."""
+
+        def build() -> sa.Executable:
+            now = self.now()
+            ins = self.upsert(locks).values(
+                name=bp("name", sa.Text),
+                owner=bp("owner", sa.Text),
+                acquired_at=now,
+                expires_at=now + sa.cast(bp("ttl", sa.Double), sa.Double),
+            )
+            same_owner = locks.c.owner == ins.excluded.owner
+            return ins.on_conflict_do_update(
+                index_elements=[locks.c.name],
+                set_={
+                    "owner": ins.excluded.owner,
+                    "acquired_at": sa.case((same_owner, locks.c.acquired_at), else_=ins.excluded.acquired_at),
+                    "expires_at": ins.excluded.expires_at,
+                },
+                where=sa.or_(locks.c.expires_at <= now, same_owner),
+            ).returning(locks.c.owner)
+
+        return len(ex.rows(self.sql("lock_acquire", build), params)) == 1
+
+    def _held(self) -> sa.ColumnElement[bool]:
+        return sa.and_(
+            locks.c.name == bp("name", sa.Text),
+            locks.c.owner == bp("owner", sa.Text),
+            locks.c.expires_at > self.now(),
+        )
+
+    def lock_renew(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        sql = self.sql(
+            "lock_renew",
+            lambda: sa.update(locks)
+            .where(self._held())
+            .values(expires_at=self.now() + sa.cast(bp("ttl", sa.Double), sa.Double)),
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def lock_release(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        return ex.rowcount(self.sql("lock_release", lambda: sa.delete(locks).where(self._held())), params) == 1
+
+    def lock_holder(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        sql = self.sql(
+            "lock_holder",
+            lambda: sa.select(locks.c.owner, locks.c.acquired_at, locks.c.expires_at).where(
+                locks.c.name == bp("name", sa.Text), locks.c.expires_at > self.now()
+            ),
+        )
+        rows = ex.rows(sql, params)
+        return rows[0] if rows else None
+
+    # -- schedules -------------------------------------------------------------------------
+
+    SCHEDULE_COLUMNS = [
+        schedules.c.name, schedules.c.spec, schedules.c.interval, schedules.c.queue,
+        schedules.c.payload, schedules.c.priority, schedules.c.max_attempts, schedules.c.expires,
+        schedules.c.next_fire_at, schedules.c.created_at, schedules.c.updated_at,
+    ]
+
+    def schedule_upsert(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        """Create or update by name; the next boundary is kept unless the interval changed."""
+
+        def build() -> sa.Executable:
+            ins = self.upsert(schedules).values(
+                name=bp("name", sa.Text),
+                spec=bp("spec", sa.Text),
+                interval=bp("interval", sa.Double),
+                queue=bp("queue", sa.Text),
+                payload=bp("payload", sa.Text),
+                priority=bp("priority", sa.Integer),
+                max_attempts=sa.cast(bp("max_attempts", sa.Integer), sa.Integer),
+                expires=sa.cast(bp("expires", sa.Double), sa.Double),
+                next_fire_at=bp("next_fire_at", sa.Double),
+                created_at=bp("now", sa.Double),
+                updated_at=bp("now", sa.Double),
+            )
+            x = ins.excluded
+            return ins.on_conflict_do_update(
+                index_elements=[schedules.c.name],
+                set_={
+                    "spec": x.spec, "interval": x.interval, "queue": x.queue, "payload": x.payload,
+                    "priority": x.priority, "max_attempts": x.max_attempts, "expires": x.expires,
+                    "updated_at": x.updated_at,
+                    "next_fire_at": sa.case(
+                        (schedules.c.interval == x.interval, schedules.c.next_fire_at),
+                        else_=x.next_fire_at,
+                    ),
+                },
+            )
+
+        ex.rowcount(self.sql("schedule_upsert", build), params)
+
+    def schedule_delete(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        sql = self.sql(
+            "schedule_delete", lambda: sa.delete(schedules).where(schedules.c.name == bp("name", sa.Text))
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def schedule_list(self, ex: Executor, params: Mapping[str, Any], *, due: bool) -> list[tuple[Any, ...]]:
+        """All schedules by name, or those whose next boundary is <= ``:now``."""
+
+        def build() -> sa.Executable:
+            stmt = sa.select(*self.SCHEDULE_COLUMNS).order_by(schedules.c.name)
+            if due:
+                stmt = stmt.where(schedules.c.next_fire_at <= bp("now", sa.Double))
+            return stmt
+
+        return ex.rows(self.sql(f"schedule_list:{due}", build), params)
+
+    def schedule_advance(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        """Move a schedule's boundary from ``:old`` to ``:next``; False when another ticker
+        already did (the UPDATE's row lock holds until the tick's transaction ends)."""
+        sql = self.sql(
+            "schedule_advance",
+            lambda: sa.update(schedules)
+            .where(
+                schedules.c.name == bp("name", sa.Text),
+                schedules.c.next_fire_at == bp("old", sa.Double),
+            )
+            .values(next_fire_at=bp("next", sa.Double)),
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def next_fire(self, ex: Executor, params: Mapping[str, Any]) -> float | None:
+        sql = self.sql("next_fire", lambda: sa.select(sa.func.min(schedules.c.next_fire_at)))
+        return ex.rows(sql, params)[0][0]  # type: ignore[no-any-return]
 
     def stats(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...]:
         def build() -> sa.Executable:

@@ -77,6 +77,9 @@ class PostgresBackend(Backend):
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         return bool(getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False))
 
+    def upsert(self, table: sa.Table) -> Any:
+        return postgresql.insert(table)
+
     def channel_key(self, channel: str) -> str:
         return _hashed("alkc_", self.schema, channel)
 

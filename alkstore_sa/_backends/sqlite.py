@@ -74,6 +74,9 @@ class SQLiteBackend(Backend):
 
         return tx()
 
+    def upsert(self, table: sa.Table) -> Any:
+        return sqlite.insert(table)
+
     def channel_key(self, channel: str) -> str:
         return channel  # a row value in the notifications table
 

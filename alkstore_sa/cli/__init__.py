@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import AlkstoreError, NotInstalled
-from . import alembic_revision, dead, migrate, status, sweep, worker
+from . import alembic_revision, dead, migrate, schedules, status, sweep, worker
 
-COMMANDS = [migrate, alembic_revision, worker, status, dead, sweep]
+COMMANDS = [migrate, alembic_revision, worker, status, dead, sweep, schedules]
 
 
 def build_parser() -> argparse.ArgumentParser:

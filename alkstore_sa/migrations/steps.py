@@ -45,7 +45,8 @@ def _partial(where: str) -> dict[str, object]:
 
 
 def upgrade_v1(schema: str | None) -> None:
-    """Live and dead job storage with the claim-path indexes; the SQLite notification table."""
+    """Live and dead job storage with the claim-path indexes, the SQLite notification
+    table, lock leases and schedules."""
     if schema is not None:
         op.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
     op.create_table(
@@ -105,8 +106,35 @@ def upgrade_v1(schema: str | None) -> None:
         sqlite_autoincrement=True,
     )
 
+    op.create_table(
+        "alkstore_locks",
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("owner", sa.Text, nullable=False),
+        sa.Column("acquired_at", sa.Double, nullable=False),
+        sa.Column("expires_at", sa.Double, nullable=False),
+        schema=schema,
+    )
+    op.create_table(
+        "alkstore_schedules",
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("spec", sa.Text, nullable=False),
+        sa.Column("interval", sa.Double, nullable=False),
+        sa.Column("queue", sa.Text, nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("priority", sa.Integer, nullable=False),
+        sa.Column("max_attempts", sa.Integer, nullable=True),
+        sa.Column("expires", sa.Double, nullable=True),
+        sa.Column("next_fire_at", sa.Double, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("updated_at", sa.Double, nullable=False),
+        schema=schema,
+    )
+    op.create_index("alkstore_schedules_due_ix", "alkstore_schedules", ["next_fire_at"], schema=schema)
+
 
 def downgrade_v1(schema: str | None) -> None:
+    op.drop_table("alkstore_schedules", schema=schema)
+    op.drop_table("alkstore_locks", schema=schema)
     op.drop_table("alkstore_notifications", schema=schema)
     op.drop_table("alkstore_dead_jobs", schema=schema)
     op.drop_table("alkstore_jobs", schema=schema)

@@ -1,0 +1,59 @@
+"""``alkstore schedules`` (list) and ``alkstore run-schedules`` (a scheduler runner)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from typing import Any
+
+from ..stop import StopToken
+from ._common import add_database_options, open_store
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ls = sub.add_parser("schedules", help="list the registered schedules")
+    ls.add_argument("--json", action="store_true")
+    add_database_options(ls)
+    ls.set_defaults(func=run_list)
+    runner = sub.add_parser("run-schedules", help="fire schedules while leading (run several for failover)")
+    runner.add_argument("--lease", type=float, default=30.0, help="leadership lease in seconds")
+    add_database_options(runner)
+    runner.set_defaults(func=run_runner)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    try:
+        schedules = store.schedules()
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps([
+            {"name": s.name, "spec": s.spec, "queue": s.queue, "payload": s.payload,
+             "priority": s.priority, "max_attempts": s.max_attempts, "expires": s.expires,
+             "next_fire_at": s.next_fire_at.isoformat()}
+            for s in schedules
+        ], indent=2))
+        return 0
+    for s in schedules:
+        print(f"{s.name}\t{s.spec}\t-> {s.queue}\tnext {s.next_fire_at.isoformat(timespec='seconds')}")
+    if not schedules:
+        print("(no schedules)")
+    return 0
+
+
+def run_runner(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    stop = StopToken()
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        stop.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        store.run_schedules(stop, lease=args.lease)
+    finally:
+        store.close()
+    return 0

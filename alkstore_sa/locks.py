@@ -1,0 +1,66 @@
+"""Locks (SPEC §8): leases in a table, each operation one atomic statement.
+
+A lease expires silently at its deadline; anyone may then acquire it. A holder learns that
+it lost the lock only from ``renew`` returning False, so work guarded by a lock must renew
+well inside the TTL and stop when renewal fails. No advisory locks: they break under
+PgBouncer's transaction pooling and vanish with a dropped connection without telling the
+holder.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import _validate as v
+from ._rows import ts
+from .model import LockInfo
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+class Lock:
+    """A handle on the lock ``name``; constructing it writes nothing."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Lock {self.name!r}>"
+
+    def _params(self, owner: object, ttl: object | None = None) -> dict[str, object]:
+        self.store._check_open()
+        params: dict[str, object] = {"name": self.name, "owner": v.worker_id(owner), "now": self.store.now()}
+        if ttl is not None:
+            params["ttl"] = v.duration(ttl, "ttl", inclusive=False)
+        return params
+
+    def acquire(self, owner: str, ttl: v.Duration) -> bool:
+        """Take the lease for ``ttl`` seconds if it is free or lapsed (or already ``owner``'s,
+        which extends it); True when ``owner`` holds it now."""
+        params = self._params(owner, ttl)
+        with self.store.executor() as ex:
+            return self.store.backend.lock_acquire(ex, params)
+
+    def renew(self, owner: str, ttl: v.Duration) -> bool:
+        """Extend ``owner``'s live lease to now + ``ttl``; False once it lapsed or another holds it."""
+        params = self._params(owner, ttl)
+        with self.store.executor() as ex:
+            return self.store.backend.lock_renew(ex, params)
+
+    def release(self, owner: str) -> bool:
+        """Give the lease up; False when ``owner`` did not hold a live lease."""
+        params = self._params(owner)
+        with self.store.executor() as ex:
+            return self.store.backend.lock_release(ex, params)
+
+    def holder(self) -> LockInfo | None:
+        """The live holder, or None when the lock is free or its lease lapsed."""
+        self.store._check_open()
+        with self.store.executor() as ex:
+            row = self.store.backend.lock_holder(ex, {"name": self.name, "now": self.store.now()})
+        if row is None:
+            return None
+        owner, acquired_at, expires_at = row
+        return LockInfo(self.name, owner, ts(acquired_at), ts(expires_at))  # type: ignore[arg-type]

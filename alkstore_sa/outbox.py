@@ -1,0 +1,75 @@
+"""The outbox (SPEC §6): messages written in the caller's transaction, relayed afterwards.
+
+An outbox is a queue under a derived, reserved backing name with fixed stamps (visibility
+60 s, 5 attempts, backoff base 5 s). The reserved name cannot be reached through
+``alk.enqueue``: only this surface writes and reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import _validate as v
+from .model import Job
+from .queue import JobHandle, Queue, QueueOpts
+from .stop import StopToken
+
+if TYPE_CHECKING:
+    from .store import Store
+
+OUTBOX_OPTS = QueueOpts(visibility_timeout=60.0, max_attempts=5, backoff_base=5.0)
+
+
+def backing_queue_name(name: str) -> str:
+    """The reserved queue behind outbox ``name``."""
+    return f"{v.RESERVED_PREFIX}_outbox:{name}"
+
+
+class Outbox:
+    """A handle on the outbox ``name``; constructing it writes nothing."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+        self._queue = Queue(store, backing_queue_name(name), OUTBOX_OPTS)
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Outbox {self.name!r}>"
+
+    @property
+    def queue(self) -> Queue:
+        """The backing queue (for stats, dead-letter inspection and requeue)."""
+        return self._queue
+
+    def enqueue(self, payload: Any) -> int:
+        """Write one message in its own transaction; returns its id."""
+        return self._queue.enqueue(payload)
+
+    def claim_one(self, worker_id: str) -> JobHandle | None:
+        return self._queue.claim_one(worker_id)
+
+    def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
+        return self._queue.claim_batch(worker_id, n)
+
+    def get_job(self, job_id: int) -> Job | None:
+        return self._queue.get_job(job_id)
+
+    def relay(
+        self,
+        deliver: Callable[[Any], Any],
+        stop: StopToken,
+        worker_id: str = "relay",
+        *,
+        poll_interval: v.Duration = 5.0,
+    ) -> None:
+        """Until ``stop``: claim → ``deliver(payload)`` → ack, one message at a time in
+        order; an exception retries on the curve, dead after 5 attempts. At-least-once:
+        ``deliver`` may see a message again after a crash, so make it idempotent."""
+        from .worker import Worker
+
+        worker = Worker(
+            self.store, self._queue, lambda job: deliver(job.payload), concurrency=1,
+            worker_id=worker_id, poll_interval=poll_interval,
+        )
+        worker.run(stop)
