@@ -148,5 +148,5 @@ def metadata_for(schema: str | None) -> sa.MetaData:
     """A copy of ``metadata`` with its tables in ``schema`` (None: no schema, as on SQLite)."""
     md = sa.MetaData()
     for table in metadata.tables.values():
-        table.to_metadata(md, schema=schema)
+        table.to_metadata(md, schema=schema)  # type: ignore[arg-type]  # None: no schema
     return md

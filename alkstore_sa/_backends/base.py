@@ -21,18 +21,18 @@ from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, dead_jobs, jobs, locks, schedul
 
 # State values are inlined as literals (never bound): SQLite only uses a partial index
 # when the query's WHERE literally implies the index's WHERE.
-PENDING = sa.literal_column("'pending'")
-PROCESSING = sa.literal_column("'processing'")
-DEAD = sa.literal_column("'dead'")
-EMPTY_ERRORS = sa.literal_column("'[]'")
-ZERO = sa.literal_column("0")
+PENDING: sa.ColumnClause[Any] = sa.literal_column("'pending'")
+PROCESSING: sa.ColumnClause[Any] = sa.literal_column("'processing'")
+DEAD: sa.ColumnClause[Any] = sa.literal_column("'dead'")
+EMPTY_ERRORS: sa.ColumnClause[Any] = sa.literal_column("'[]'")
+ZERO: sa.ColumnClause[Any] = sa.literal_column("0")
 
-ONE = sa.literal_column("1")
+ONE: sa.ColumnClause[Any] = sa.literal_column("1")
 NEXT_DUE_PRIORITIES = 64
 EXHAUSTED = "max attempts exceeded"
 EXPIRED = "expired"
-EXHAUSTED_SQL = sa.literal_column(f"'{EXHAUSTED}'")
-EXPIRED_SQL = sa.literal_column(f"'{EXPIRED}'")
+EXHAUSTED_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{EXHAUSTED}'")
+EXPIRED_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{EXPIRED}'")
 
 
 def bp(name: str, type_: Any) -> sa.BindParameter[Any]:
@@ -136,7 +136,7 @@ class Backend:
 
     # -- compilation -----------------------------------------------------------------------
 
-    def sql(self, key: str, build: Callable[[], sa.Executable]) -> str:
+    def sql(self, key: str, build: Callable[[], Any]) -> str:
         """Driver SQL for a statement, compiled once per backend and reused."""
         text = self._sql.get(key)
         if text is None:
@@ -436,7 +436,7 @@ class Backend:
         times = [t for t in (next_run, next_lapse) if t is not None]
         return None if not times else max(0.0, min(times) - now)
 
-    def overview(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, list[Any]]:
+    def overview(self, ex: Executor, params: Mapping[str, Any]) -> dict[Any, list[Any]]:
         """Per queue: [pending, ready, processing, dead, oldest ready run_at], plus ``now``
         under the key None — one grouped pass over each table (an operator's command)."""
 

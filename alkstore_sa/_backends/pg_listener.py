@@ -98,7 +98,7 @@ class PgHub:
     def _connect(self) -> None:
         proxied = self._engine.raw_connection()
         proxied.detach()  # ours for good: not returned to the application's pool
-        conn = proxied.dbapi_connection
+        conn: Any = proxied.dbapi_connection
         conn.autocommit = True
         conn.add_notify_handler(self._on_notify)
         self._conn = conn

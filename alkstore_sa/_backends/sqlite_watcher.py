@@ -42,8 +42,9 @@ class SqliteHub:
         self._closed = threading.Event()
         self._proxied = engine.raw_connection()
         self._proxied.detach()
-        self._conn = self._proxied.dbapi_connection
-        self._conn.isolation_level = None  # autocommit reads: each sees the latest commit
+        conn: Any = self._proxied.dbapi_connection
+        conn.isolation_level = None  # autocommit reads: each sees the latest commit
+        self._conn = conn
         path = engine.url.database or ""
         self._watch = directory_watch(os.path.abspath(path)) if path and path != ":memory:" else None
         self._version = -1

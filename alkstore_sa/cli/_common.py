@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+from typing import Any
 
 from ..schema import DEFAULT_SCHEMA
+from ..stop import StopToken
 from ..store import Store
 
 
@@ -30,3 +33,15 @@ def database_url(args: argparse.Namespace) -> str:
 
 def open_store(args: argparse.Namespace) -> Store:
     return Store(database_url(args), schema=args.schema)
+
+
+def stop_on_signals() -> StopToken:
+    """A StopToken that SIGTERM and SIGINT stop (graceful shutdown, exit code 0)."""
+    stop = StopToken()
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        stop.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-from typing import Any
 
-from ..stop import StopToken
-from ._common import add_database_options, open_store
+from ._common import add_database_options, open_store, stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,13 +42,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_runner(args: argparse.Namespace) -> int:
     store = open_store(args)
-    stop = StopToken()
-
-    def on_signal(_signum: int, _frame: Any) -> None:
-        stop.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     try:
         store.run_schedules(stop, lease=args.lease)
     finally:

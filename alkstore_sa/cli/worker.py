@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..stop import StopToken
 from ..worker import Worker
-from ._common import add_database_options, open_store
+from ._common import add_database_options, open_store, stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,13 +45,7 @@ def load_handler(spec: str) -> Callable[..., Any]:
 def run(args: argparse.Namespace) -> int:
     handler = load_handler(args.handler)
     store = open_store(args)
-    stop = StopToken()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     try:
         worker = Worker(
             store, args.queue, handler, concurrency=args.concurrency, worker_id=args.worker_id,

@@ -9,6 +9,7 @@ The package's own revisions call these, and so can an application's own Alembic 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -40,7 +41,7 @@ def _job_columns() -> list[sa.Column]:
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
-def _partial(where: str) -> dict[str, object]:
+def _partial(where: str) -> dict[str, Any]:
     return {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
 
 
