@@ -1,35 +1,39 @@
 """Executors: the store's own driver connections (cached, autocommit) and the caller's
-SQLAlchemy Connection. Errors from either become alkstore errors here, via the backend."""
+SQLAlchemy Connection. Errors from either become alkstore errors here, via the backend.
+
+The context managers are plain classes, not generators: they sit on every operation's
+path, and a generator-based one costs several microseconds more per use.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
 from ._backends import Backend
-from .errors import AlkstoreError
 
 
 class RawExecutor:
     """Runs compiled SQL straight on a driver connection in autocommit mode: a
     single-statement operation is one round trip, with no BEGIN/COMMIT around it."""
 
-    __slots__ = ("_conn", "_backend")
+    __slots__ = ("_conn", "_backend", "_tx")
 
     def __init__(self, dbapi_conn: Any, backend: Backend) -> None:
         self._conn = dbapi_conn
         self._backend = backend
+        self._tx = _Transaction(dbapi_conn, backend)
 
     def rows(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         try:
             return self._conn.execute(sql, params).fetchall()  # type: ignore[no-any-return]
-        except AlkstoreError:
-            raise
         except Exception as exc:
             raise self._backend.translate_error(exc) from exc
 
@@ -39,15 +43,40 @@ class RawExecutor:
         except Exception as exc:
             raise self._backend.translate_error(exc) from exc
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self) -> _Transaction:
+        return self._tx
+
+
+class _Transaction:
+    """BEGIN on enter; COMMIT on a clean exit, ROLLBACK on an error (which propagates)."""
+
+    __slots__ = ("_conn", "_backend")
+
+    def __init__(self, dbapi_conn: Any, backend: Backend) -> None:
+        self._conn = dbapi_conn
+        self._backend = backend
+
+    def __enter__(self) -> None:
         try:
-            with self._backend.begin(self._conn):
-                yield
-        except AlkstoreError:
-            raise
+            self._backend.begin(self._conn)
         except Exception as exc:
             raise self._backend.translate_error(exc) from exc
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            try:
+                self._backend.commit(self._conn)
+                return
+            except Exception as commit_error:
+                self._rollback_quietly()
+                raise self._backend.translate_error(commit_error) from commit_error
+        self._rollback_quietly()
+
+    def _rollback_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # the original error is the one worth raising
+            self._backend.rollback(self._conn)
 
 
 class SessionExecutor:
@@ -79,10 +108,35 @@ class SessionExecutor:
 
 
 class _Held:
-    __slots__ = ("proxied", "dbapi", "saved")
+    __slots__ = ("proxied", "dbapi", "saved", "executor")
 
-    def __init__(self, proxied: Any, dbapi: Any, saved: Any) -> None:
+    def __init__(self, proxied: Any, dbapi: Any, saved: Any, backend: Backend) -> None:
         self.proxied, self.dbapi, self.saved = proxied, dbapi, saved
+        self.executor = RawExecutor(dbapi, backend)
+
+
+class Lease:
+    """``with cache.lease() as ex``: one of the cache's connections for one operation."""
+
+    __slots__ = ("_cache", "_held")
+
+    def __init__(self, cache: ConnectionCache) -> None:
+        self._cache = cache
+        self._held: _Held | None = None
+
+    def __enter__(self) -> RawExecutor:
+        self._held = held = self._cache.take()
+        return held.executor
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        held, self._held = self._held, None
+        assert held is not None
+        if exc is not None and self._cache.backend.is_disconnect(exc, held.dbapi):
+            held.proxied.invalidate()
+            return
+        self._cache.give(held)
 
 
 class ConnectionCache:
@@ -92,13 +146,16 @@ class ConnectionCache:
 
     def __init__(self, engine: Engine, backend: Backend, max_idle: int = 4) -> None:
         self._engine = engine
-        self._backend = backend
+        self.backend = backend
         self._max_idle = max_idle
         self._idle: list[_Held] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def _take(self) -> _Held:
+    def lease(self) -> Lease:
+        return Lease(self)
+
+    def take(self) -> _Held:
         with self._lock:
             if self._pid != os.getpid():
                 self._idle = []  # inherited across fork: never touch the parent's connections
@@ -108,11 +165,11 @@ class ConnectionCache:
         try:
             proxied = self._engine.raw_connection()
         except Exception as exc:
-            raise self._backend.translate_error(exc) from exc
+            raise self.backend.translate_error(exc) from exc
         dbapi = proxied.dbapi_connection
-        return _Held(proxied, dbapi, self._backend.prepare_connection(dbapi))
+        return _Held(proxied, dbapi, self.backend.prepare_connection(dbapi), self.backend)
 
-    def _give(self, held: _Held) -> None:
+    def give(self, held: _Held) -> None:
         with self._lock:
             if self._pid == os.getpid() and len(self._idle) < self._max_idle:
                 self._idle.append(held)
@@ -121,23 +178,10 @@ class ConnectionCache:
 
     def _release(self, held: _Held) -> None:
         try:
-            self._backend.restore_connection(held.dbapi, held.saved)
+            self.backend.restore_connection(held.dbapi, held.saved)
             held.proxied.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a broken connection is simply dropped
             held.proxied.invalidate()
-
-    @contextmanager
-    def executor(self) -> Iterator[RawExecutor]:
-        held = self._take()
-        try:
-            yield RawExecutor(held.dbapi, self._backend)
-        except BaseException as exc:
-            if self._backend.is_disconnect(exc, held.dbapi):
-                held.proxied.invalidate()
-                raise
-            self._give(held)
-            raise
-        self._give(held)
 
     def close(self) -> None:
         with self._lock:
@@ -146,3 +190,4 @@ class ConnectionCache:
         if same_process:
             for held in idle:
                 self._release(held)
+

@@ -10,7 +10,8 @@ from ._validate import decode_payload
 from .model import Job
 from .schema import JOB_FIELDS
 
-_I = {f: i for i, f in enumerate(JOB_FIELDS)}
+FIELD = {f: i for i, f in enumerate(JOB_FIELDS)}
+_I = FIELD
 _STATE = len(JOB_FIELDS)
 
 

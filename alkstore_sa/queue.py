@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from ._backoff import backoff_delay
-from ._rows import claim_order_key, job_from_row
+from ._rows import FIELD, claim_order_key, job_from_row
 from .errors import HandleConsumed, InvalidOptions
 from .model import Job, QueueStats, SweepResult
+from .schema import JOB_FIELDS
 
 if TYPE_CHECKING:
     from .store import Store, _DefaultStore
@@ -155,7 +156,7 @@ class Queue:
         with self.store.executor() as ex:
             rows = self.store.backend.claim(ex, params)
         rows.sort(key=claim_order_key)
-        return [JobHandle(self, job_from_row(r)) for r in rows]
+        return [JobHandle(self, r) for r in rows]
 
     # -- other operations ------------------------------------------------------------------
 
@@ -249,23 +250,40 @@ class JobHandle:
     claim deadline has not passed; otherwise it returns False and changes nothing.
     """
 
-    __slots__ = ("_queue", "job", "_consumed")
+    __slots__ = ("_queue", "_row", "_job", "_consumed")
 
-    def __init__(self, queue: Queue, job: Job) -> None:
+    def __init__(self, queue: Queue, row: tuple[Any, ...] | Job) -> None:
         self._queue = queue
-        self.job = job
+        # The claim's row; the Job value (payload decoding, datetimes) is built on first use,
+        # so a caller that only needs ids (claim_batch + ack_batch) never pays for it.
+        if isinstance(row, Job):
+            self._job: Job | None = row
+            self._row: tuple[Any, ...] = (row.id,) + tuple(getattr(row, f) for f in JOB_FIELDS[1:])
+        else:
+            self._job, self._row = None, row
         self._consumed = False
 
     def __repr__(self) -> str:
-        return f"<alkstore_sa.JobHandle id={self.job.id} queue={self.job.queue!r} attempt={self.job.attempts}>"
+        return f"<alkstore_sa.JobHandle id={self.id} queue={self._queue.name!r} attempt={self._attempts}>"
+
+    @property
+    def job(self) -> Job:
+        """The job as claimed."""
+        if self._job is None:
+            self._job = job_from_row(self._row)
+        return self._job
 
     @property
     def id(self) -> int:
-        return self.job.id
+        return self._row[0]  # type: ignore[no-any-return]
 
     @property
     def payload(self) -> Any:
         return self.job.payload
+
+    @property
+    def _attempts(self) -> int:
+        return self._row[FIELD["attempts"]]  # type: ignore[no-any-return]
 
     @property
     def consumed(self) -> bool:
@@ -273,7 +291,7 @@ class JobHandle:
 
     def _claim_params(self) -> dict[str, Any]:
         store = self._queue.store
-        return {"id": self.job.id, "attempts": self.job.attempts, "now": store.now()}
+        return {"id": self._row[0], "attempts": self._attempts, "now": store.now()}
 
     def _consume(self) -> None:
         self._queue.store._check_open()
@@ -299,10 +317,12 @@ class JobHandle:
         params = self._claim_params()
         params["error"] = text
         with store.executor() as ex:
-            if self.job.attempts >= self.job.max_attempts:
+            attempts = self._attempts
+            if attempts >= self._row[FIELD["max_attempts"]]:
                 params["last_error"] = "max attempts exceeded"
                 return store.backend.bury(ex, params)
-            params["delay"] = backoff_delay(self.job.backoff_base, self.job.attempts) if wait is None else wait
+            backoff_base = float(self._row[FIELD["backoff_base"]])
+            params["delay"] = backoff_delay(backoff_base, attempts) if wait is None else wait
             return store.backend.retry(ex, params)
 
     def fail(self, error: str | None = None) -> bool:

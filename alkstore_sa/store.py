@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -14,7 +13,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from . import _validate as v
 from ._backends import Backend, backend_for
-from ._conn import ConnectionCache, RawExecutor, SessionExecutor
+from ._conn import ConnectionCache, Lease, SessionExecutor
 from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
 from .errors import InvalidOptions, StoreClosed
@@ -269,13 +268,13 @@ class Store:
             raise self.backend.translate_error(exc) from exc
         self._schema_checked = True
 
-    @contextmanager
-    def executor(self) -> Iterator[RawExecutor]:
-        self._check_open()
+    def executor(self) -> Lease:
+        """``with store.executor() as ex``: one of the store's connections for one operation."""
+        if self._closed:
+            raise StoreClosed()
         if not self._schema_checked:  # once per store: the first operation verifies the schema
             self.check_schema()
-        with self._conns.executor() as ex:
-            yield ex
+        return self._conns.lease()
 
     def session_executor(self, conn: Connection) -> SessionExecutor:
         self._check_open()

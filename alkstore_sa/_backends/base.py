@@ -98,9 +98,17 @@ class Backend:
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
         raise NotImplementedError
 
-    def begin(self, dbapi_conn: Any) -> AbstractContextManager[None]:
-        """A write transaction on one of the store's own (autocommit) connections."""
-        raise NotImplementedError
+    # A write transaction on one of the store's own (autocommit) connections.
+    BEGIN = "BEGIN"
+
+    def begin(self, dbapi_conn: Any) -> None:
+        dbapi_conn.execute(self.BEGIN)
+
+    def commit(self, dbapi_conn: Any) -> None:
+        dbapi_conn.execute("COMMIT")
+
+    def rollback(self, dbapi_conn: Any) -> None:
+        dbapi_conn.execute("ROLLBACK")
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         return False

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
@@ -70,9 +69,6 @@ class PostgresBackend(Backend):
 
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
         dbapi_conn.autocommit = saved
-
-    def begin(self, dbapi_conn: Any) -> AbstractContextManager[None]:
-        return dbapi_conn.transaction()  # type: ignore[no-any-return]
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         return bool(getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False))

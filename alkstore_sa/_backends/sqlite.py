@@ -5,16 +5,33 @@ writer-serialized ``UPDATE ... RETURNING``; moves are INSERT + DELETE in that tr
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
 
 from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications
-from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, ZERO, Backend, Executor, bp
+from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, PROCESSING, ZERO, Backend, Executor, bp
+
+
+class _NoIndex(sa.sql.expression.ColumnElement[Any]):
+    """``+column``: SQLite's documented way to keep the planner from using an index on a
+    column (unary plus is a no-op on any value)."""
+
+    inherit_cache = True
+
+    def __init__(self, column: sa.ColumnElement[Any]) -> None:
+        self.column = column
+        self.type = column.type
+
+
+@compiles(_NoIndex, "sqlite")
+def _render_no_index(element: _NoIndex, compiler: Any, **kw: Any) -> str:
+    return "+" + compiler.process(element.column, **kw)
+
 
 NOTIFY_KEEP = 1024  # a watcher more than this many notifications behind loses some
 NOTIFY_PRUNE_EVERY = 64
@@ -58,21 +75,15 @@ class SQLiteBackend(Backend):
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
         dbapi_conn.isolation_level = saved
 
-    def begin(self, dbapi_conn: Any) -> AbstractContextManager[None]:
-        @contextmanager
-        def tx() -> Iterator[None]:
-            dbapi_conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-                dbapi_conn.execute("COMMIT")
-            except BaseException:
-                # a trigger's RAISE(ROLLBACK) or a failed COMMIT may already have ended it;
-                # a second error here must not mask the first
-                if dbapi_conn.in_transaction:
-                    dbapi_conn.execute("ROLLBACK")
-                raise
+    # IMMEDIATE takes the writer lock up front (waiting under the busy timeout), so a
+    # transaction that reads before it writes can never fail on a lock upgrade.
+    BEGIN = "BEGIN IMMEDIATE"
 
-        return tx()
+    def rollback(self, dbapi_conn: Any) -> None:
+        # a trigger's RAISE(ROLLBACK) or a failed COMMIT may already have ended it; a second
+        # error here must not mask the first
+        if dbapi_conn.in_transaction:
+            dbapi_conn.execute("ROLLBACK")
 
     def upsert(self, table: sa.Table) -> Any:
         return sqlite.insert(table)
@@ -167,8 +178,15 @@ class SQLiteBackend(Backend):
 
     def ack_batch(self, ex: Executor, params: Mapping[str, Any]) -> int:
         def build() -> sa.Executable:
+            # Only the primary key may drive this DELETE: left to itself the planner picks
+            # the processing index and walks every in-flight row of the queue.
             ids = sa.func.json_each(bp("ids", sa.Text)).table_valued("value")
-            return self._ack_batch(jobs.c.id.in_(sa.select(ids.c.value)))
+            return sa.delete(jobs).where(
+                jobs.c.id.in_(sa.select(ids.c.value)),
+                _NoIndex(jobs.c.queue) == bp("queue", sa.Text),
+                _NoIndex(jobs.c.state) == PROCESSING,
+                _NoIndex(jobs.c.claim_expires_at) > self.now(),
+            )
 
         import json
 

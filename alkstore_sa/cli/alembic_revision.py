@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="write your app's Alembic revision that installs/upgrades alkstore's tables (one head)",
     )
     p.add_argument("-c", "--config", default="alembic.ini", help="the app's alembic.ini (default: ./alembic.ini)")
-    p.add_argument("--down-revision", help="app revision to chain to (default: the app's single head)")
+    p.add_argument("--down-revision", help="app revision to chain to, `base` for none (default: the app's single head)")
     p.add_argument(
         "--from-step", type=int,
         help="alkstore step the app's chain already reaches (default: read from the revisions "
@@ -87,14 +87,16 @@ def _app_scripts(config: str) -> ScriptDirectory | None:
 
 
 def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Plan | None, Path]:
-    if script is None and (args.version_path is None or args.from_step is None):
+    if script is None and None in (args.version_path, args.down_revision, args.from_step):
         raise CommandError(
             f"no {args.config}: pass -c path/to/alembic.ini, or all of --version-path, "
-            "--down-revision and --from-step"
+            "--down-revision (`base` for none) and --from-step"
         )
-    down = args.down_revision
-    if down is None and script is not None:
+    down = None if args.down_revision == "base" else args.down_revision
+    if args.down_revision is None and script is not None:
         down = script.get_current_head()  # raises CommandError on several heads: merge first
+    elif down is not None and script is not None:
+        script.get_revision(down)  # raises CommandError when the app has no such revision
     prev_step, prev_schema = previous_alkstore(script, down)
     from_step = prev_step if args.from_step is None else args.from_step
     schema = args.schema or prev_schema or DEFAULT_SCHEMA
@@ -107,10 +109,18 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
         raise CommandError(
             f"need 0 <= from-step ({from_step}) <= to-step ({args.to_step}) <= {steps.HEAD}"
         )
-    version_path = Path(args.version_path) if args.version_path else Path(script.versions)  # type: ignore[union-attr]
+    version_path = Path(args.version_path) if args.version_path else _versions_dir(script)
     if from_step == args.to_step:
         return None, version_path
     return Plan(args.rev_id or rev_id(), down, from_step, args.to_step, schema), version_path
+
+
+def _versions_dir(script: ScriptDirectory | None) -> Path:
+    assert script is not None  # _plan demands --version-path without a config
+    try:
+        return Path(script.versions)
+    except CommandError as exc:  # several version_locations
+        raise CommandError(f"{exc}: pass --version-path") from exc
 
 
 def previous_alkstore(script: ScriptDirectory | None, down: str | None) -> tuple[int, str | None]:
