@@ -28,3 +28,15 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The two application examples, one command each: the app's own `alembic upgrade head`
+# (alkstore included), two orders through the app, then the worker drains the queue.
+# SQLite by default; ALKSTORE_DATABASE_URL=postgresql+psycopg://... for PostgreSQL (the two
+# examples share one schema and migration chain, so they may share a database).
+.PHONY: example-flask example-fastapi
+
+example-flask: $(STAMP)
+	$(PY) examples/flask_app/demo.py
+
+example-fastapi: $(STAMP)
+	$(PY) examples/fastapi_app/demo.py

@@ -96,9 +96,11 @@ class Worker:
 
     # -- main loop -------------------------------------------------------------------------
 
-    def run(self, stop: StopToken) -> None:
+    def run(self, stop: StopToken | None = None, *, burst: bool = False) -> None:
         """Claim and run jobs until ``stop``; then drain in-flight work (bounded by the
-        grace period) and return."""
+        grace period) and return. ``burst=True`` also returns once nothing is claimable and
+        nothing runs (batch scripts, tests, cron-style runs)."""
+        stop = stop or StopToken()
         self.store.check_schema()
         stop.on_stop(self._nudge.set)
         watch = self._watch()
@@ -112,7 +114,7 @@ class Worker:
             t.start()
         log.info("worker %s started on queue %r (concurrency %d)", self.worker_id, self.queue.name, self.concurrency)
         try:
-            self._claim_loop(stop)
+            self._claim_loop(stop, burst)
         finally:
             self._drain(threads)
             beat_stop.set()
@@ -120,7 +122,7 @@ class Worker:
                 self._unwatch(watch)
             log.info("worker %s stopped after %d jobs", self.worker_id, self.processed)
 
-    def _claim_loop(self, stop: StopToken) -> None:
+    def _claim_loop(self, stop: StopToken, burst: bool) -> None:
         failures = 0
         while not stop.stopped:
             with self._lock:
@@ -140,6 +142,10 @@ class Worker:
                 self._start(handles)
                 if len(handles) == want:
                     continue  # there may be more: claim again at once
+                if burst and not handles:
+                    with self._lock:
+                        if not self._in_flight:
+                            return
                 wait = self._idle_wait()
             self._nudge.wait(wait)
             self._nudge.clear()

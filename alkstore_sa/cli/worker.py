@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--batch-size", type=int, default=None, help="jobs per claim (default: concurrency)")
     p.add_argument("--poll-interval", type=float, default=5.0, help="re-poll safety net, seconds")
     p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight jobs get at shutdown")
+    p.add_argument("--burst", action="store_true", help="exit once the queue has nothing claimable")
     add_database_options(p)
     p.set_defaults(func=run)
 
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
             store, args.queue, handler, concurrency=args.concurrency, worker_id=args.worker_id,
             batch_size=args.batch_size, poll_interval=args.poll_interval, shutdown_grace=args.grace,
         )
-        worker.run(stop)
+        worker.run(stop, burst=args.burst)
+        print(f"worker: {worker.processed} job(s) done", flush=True)
     finally:
         store.close()
     return 0

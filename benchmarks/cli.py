@@ -1,0 +1,195 @@
+"""``python -m benchmarks``: every workload on each engine, side by side with its raw floor
+in the same run; medians over the repetitions; a markdown table on stdout (progress on
+stderr) and, with ``--json PATH``, the full results in a file."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from benchmarks import report as rpt
+from benchmarks.env import Env, Unavailable, make_env
+from benchmarks.floor import Floor
+from benchmarks.procs import ProcPool
+from benchmarks.runner import WARMUP, measure
+from benchmarks.scaling import run_scaling
+from benchmarks.workloads import WORKLOADS, Alk, payloads
+
+# Jobs per measurement, sized so the default run (both engines, 3 repetitions, scaling
+# included) takes 1-3 minutes on a 2-core machine: about 70 s when it is quiet, up to
+# about 2.5 min when other work shares its CPUs and its PostgreSQL.
+SIZES: dict[str, dict[str, int]] = {
+    "sqlite": {
+        "enqueue_one": 15_000, "enqueue_session": 8_000, "enqueue_many": 80_000,
+        "drain_batch": 80_000, "drain_one": 8_000, "drain_4proc": 40_000,
+    },
+    "postgresql": {
+        "enqueue_one": 3_000, "enqueue_session": 2_000, "enqueue_many": 30_000,
+        "enqueue_many_copy": 30_000, "drain_batch": 30_000, "drain_one": 2_000,
+        "drain_4proc": 20_000,
+    },
+}
+QUICK_SIZES: dict[str, dict[str, int]] = {
+    "sqlite": {
+        "enqueue_one": 300, "enqueue_session": 200, "enqueue_many": 2_000,
+        "drain_batch": 2_000, "drain_one": 200, "drain_4proc": 1_000,
+    },
+    "postgresql": {
+        "enqueue_one": 200, "enqueue_session": 100, "enqueue_many": 2_000,
+        "enqueue_many_copy": 2_000, "drain_batch": 2_000, "drain_one": 200,
+        "drain_4proc": 1_000,
+    },
+}
+SCALING = {"sizes": (10_000, 100_000, 1_000_000), "drain_jobs": {"sqlite": 20_000, "postgresql": 10_000}}
+QUICK_SCALING = {"sizes": (2_000, 20_000), "drain_jobs": {"sqlite": 1_000, "postgresql": 1_000}}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--engine", choices=("sqlite", "postgresql", "all"), default="all",
+                   help="which engine(s) to run (default: all; an unreachable PostgreSQL is "
+                        "skipped with a note under 'all', an error when asked for by name)")
+    p.add_argument("--quick", action="store_true",
+                   help="small counts and 1 repetition: a smoke test of the harness")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; 1 with --quick)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--skip-scaling", action="store_true", help="skip the 10k/100k/1M backlog run")
+    p.add_argument("--only", metavar="KEYS",
+                   help="comma-separated workload keys to run (e.g. drain_one,enqueue_one)")
+    args = p.parse_args(argv)
+    if args.reps is None:
+        args.reps = 1 if args.quick else 3
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    return args
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib_metadata.version(dist)
+    except importlib_metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_meta(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
+    import sqlite3
+
+    libs = {
+        "alkstore_sa": _version("alkstore-sa"),
+        "SQLAlchemy": _version("SQLAlchemy"),
+        "psycopg": _version("psycopg"),
+        "alembic": _version("alembic"),
+        "sqlite3 (library)": sqlite3.sqlite_version,
+    }
+    try:
+        import psycopg
+
+        libs["libpq"] = str(psycopg.pq.version())
+    except Exception:  # noqa: BLE001 - informational
+        pass
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "libraries": libs,
+        "databases": {},
+        "engines": engines,
+        "reps": args.reps,
+        "quick": args.quick,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "skipped": {},
+    }
+
+
+def _proc_spec(env: Env) -> dict[str, Any]:
+    return {"kind": env.kind, "url": env.url, "schema": env.schema, "sqlite_path": env.sqlite_path,
+            "floor_path": env.floor_path, "dsn": env.dsn, "floor": env.floor}
+
+
+def run_engine(env: Env, sizes: dict[str, int], reps: int, pool: ProcPool | None,
+               only: set[str] | None) -> list[dict[str, Any]]:
+    alk_side, floor_side = Alk(env), Floor(env)
+    results = []
+    try:
+        for wl in WORKLOADS:
+            if env.kind not in wl.engines or (only and wl.key not in only):
+                continue
+            n = sizes[wl.key]
+            items = payloads(n)
+            run_alk, run_floor = wl.alk(alk_side, pool), wl.floor(floor_side, pool)
+            # warm both sides: compiled statements, prepared plans, pooled connections
+            measure(run_alk, run_floor, items[: min(n, WARMUP)], 1, wl.unit, wl.interleave)
+            m = measure(run_alk, run_floor, items, reps, wl.unit, wl.interleave)
+            results.append({
+                "engine": env.kind, "key": wl.key, "workload": wl.title, "floor_title": wl.floor_title,
+                "jobs": n, **m, "target": wl.target(env.kind),
+            })
+            log(f"  [{env.kind}] {wl.key:<18} alkstore {m['alkstore']['median']:>10,.0f}/s  "
+                f"floor {m['floor']['median']:>10,.0f}/s  ratio {m['ratio']:.2f}")
+    finally:
+        floor_side.close()
+        env.truncate(env.jobs, env.floor)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    engines = ["sqlite", "postgresql"] if args.engine == "all" else [args.engine]
+    only = set(args.only.split(",")) if args.only else None
+    if only:
+        unknown = only - {w.key for w in WORKLOADS}
+        if unknown:
+            log(f"unknown workload keys: {', '.join(sorted(unknown))}")
+            return 2
+    sizes = QUICK_SIZES if args.quick else SIZES
+    scaling_cfg = QUICK_SCALING if args.quick else SCALING
+    meta = machine_meta(args, engines)
+    report: dict[str, Any] = {"meta": meta, "results": [], "scaling": {}, "notes": rpt.NOTES}
+    started = time.perf_counter()
+    pool: ProcPool | None = None
+    try:
+        if only is None or "drain_4proc" in only:
+            pool = ProcPool(4)
+        for kind in engines:
+            try:
+                env = make_env(kind)
+            except Unavailable as exc:
+                if args.engine == "all":
+                    log(f"skipping {kind}: {exc}")
+                    meta["skipped"][kind] = str(exc)
+                    continue
+                log(str(exc))
+                return 2
+            try:
+                meta["databases"][kind] = env.database_version()
+                log(f"{kind}: {meta['databases'][kind]}")
+                if pool is not None:
+                    pool.setup(_proc_spec(env))
+                report["results"].extend(run_engine(env, sizes[kind], args.reps, pool, only))
+                if pool is not None:
+                    pool.teardown()
+                if not args.skip_scaling:
+                    report["scaling"][kind] = run_scaling(
+                        env, scaling_cfg["sizes"], scaling_cfg["drain_jobs"][kind], args.reps, log
+                    )
+            finally:
+                env.close()
+    finally:
+        if pool is not None:
+            pool.close()
+    meta["engines"] = [k for k in engines if k in meta["databases"]]
+    meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+    print(rpt.render(report))
+    log(f"total {meta['elapsed_s']}s")
+    if args.json:
+        rpt.write_json(report, args.json)
+    return 0

@@ -1,0 +1,69 @@
+"""SPEC §5.2: a ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) and a raw
+``Connection`` as the enqueue target, each with an application row in the same transaction:
+the commit shows both, a rollback leaves neither. (test_enqueue.py covers the plain
+commit/rollback of each target without an application row.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import scoped_session, sessionmaker
+
+import alkstore_sa as alk
+from tests.support import Target
+
+rows = sa.Table("test_target_rows", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("note", sa.Text))
+
+
+@pytest.fixture
+def app_engine(db: Target) -> Iterator[sa.Engine]:
+    """The app's engine; on PostgreSQL its table lives in the test's schema."""
+    engine = db.engine
+    if db.kind == "postgresql":
+        engine = engine.execution_options(schema_translate_map={None: db.schema})
+    rows.create(engine, checkfirst=True)
+    yield engine
+    with engine.begin() as conn:
+        conn.execute(sa.delete(rows))
+
+
+def _notes(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.scalars(sa.select(rows.c.note).order_by(rows.c.id)))
+
+
+def test_scoped_session_rollback_and_commit(app_engine: sa.Engine, store: alk.Store, qname: str) -> None:
+    scoped = scoped_session(sessionmaker(app_engine))
+    scoped.execute(sa.insert(rows).values(note="rolled back"))
+    lost = [alk.enqueue(scoped, qname, "lost"), *alk.enqueue_many(scoped, qname, [1, 2])]
+    scoped.rollback()
+    q = store.queue(qname)
+    assert all(q.get_job(i) is None for i in lost) and q.stats().pending == 0
+    assert _notes(app_engine) == []
+
+    scoped.execute(sa.insert(rows).values(note="kept"))
+    kept = alk.enqueue_many(scoped, q, ["a", "b"])  # a handle: its stamps, the same transaction
+    assert q.stats().pending == 0  # not visible before the commit
+    scoped.commit()
+    scoped.remove()
+    assert [h.id for h in q.claim_batch("w", 10)] == kept
+    assert _notes(app_engine) == ["kept"]
+
+
+def test_connection_block_rolls_back_on_error(app_engine: sa.Engine, store: alk.Store, qname: str) -> None:
+    with pytest.raises(RuntimeError), app_engine.begin() as conn:
+        conn.execute(sa.insert(rows).values(note="rolled back"))
+        lost = alk.enqueue(conn, qname, "lost")
+        raise RuntimeError("the request failed")
+    q = store.queue(qname)
+    assert q.get_job(lost) is None and q.claim_one("w") is None
+    assert _notes(app_engine) == []
+
+    with app_engine.begin() as conn:
+        conn.execute(sa.insert(rows).values(note="kept"))
+        kept = alk.enqueue(conn, qname, {"row": "kept"})
+    handle = q.claim_one("w")
+    assert handle is not None and handle.id == kept and handle.payload == {"row": "kept"}
+    assert _notes(app_engine) == ["kept"]

@@ -1,0 +1,219 @@
+"""The Alembic recipe for an application with its own migrations, proven with the real
+``alembic`` command: the revision ``alkstore alembic-revision`` writes joins the app's chain
+(one head), ``upgrade head`` installs both table families, ``check`` sees no change,
+``downgrade`` past it removes only alkstore's tables, and ``--sql`` renders alkstore's DDL.
+Also: a non-default alkstore schema end to end, and ``alkstore migrate --schema``."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+from alkstore_sa import migrations
+from alkstore_sa.cli import main
+from alkstore_sa.cli.alembic_revision import previous_alkstore
+from alkstore_sa.schema import VERSION_TABLE
+from tests.conftest import require_pg
+from tests.fresh_pg import fresh_pg_database
+from tests.migrations.alembic_app import (
+    ALKSTORE,
+    ALKSTORE_TABLES,
+    APP_REVISION,
+    AlembicApp,
+    write_app,
+)
+from tests.support import PG_URL, new_pg_schema
+
+# (engine, alkstore's PostgreSQL schema): its own non-default schema, or the app's `public`
+# (where, as on SQLite, the app's autogenerate would see alkstore's tables).
+CASES = [("sqlite", None), ("postgresql", "alk_custom"), ("postgresql", "public")]
+
+
+@pytest.fixture(params=CASES, ids=["sqlite", "postgresql-own-schema", "postgresql-public"])
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[AlembicApp, str | None]]:
+    kind, schema = request.param
+    if kind == "sqlite":
+        yield write_app(tmp_path, f"sqlite:///{tmp_path / 'app.db'}", kind), None
+        return
+    require_pg()
+    with fresh_pg_database("alkapp") as url:
+        yield write_app(tmp_path, url, kind), schema
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_upgrade_check_downgrade(case: tuple[AlembicApp, str | None]) -> None:
+    app, schema = case
+    rev = app.generate(*(["--schema", schema] if schema else []))
+    assert _ok(app.alembic("heads")).split() == [rev, "(head)"]  # one head: no branch
+    _ok(app.alembic("upgrade", "head"))
+
+    app_schema = None  # the app's tables: SQLite's main, or PostgreSQL's public
+    assert "app_orders" in app.tables(app_schema)
+    assert app.tables(schema) >= ALKSTORE_TABLES
+
+    engine = sa.create_engine(app.url)
+    store = alk.Store(engine, schema=schema or "alkstore")
+    with Session(engine) as session, session.begin():  # the store's version check passes
+        session.execute(sa.text("INSERT INTO app_orders (email) VALUES ('kept@example.com')"))
+        job_id = alk.enqueue(session, store.queue("after-alembic"), {"n": 1})
+    handle = store.queue("after-alembic").claim_one("w")
+    assert handle is not None and handle.id == job_id and handle.ack()
+    migrations.upgrade(engine, schema=schema or "alkstore")  # the packaged runner: at head already
+    with engine.connect() as conn:
+        assert migrations.current_revision(conn, schema or "alkstore") == migrations.head_revision()
+    store.close()
+
+    assert "No new upgrade operations detected" in _ok(app.alembic("check"))
+    unfiltered = app.alembic("check", alkstore_filter=False)
+    if schema in (None, "public"):  # alkstore's tables share the app's schema: the filter matters
+        assert unfiltered.returncode != 0 and "remove_table" in unfiltered.stderr + unfiltered.stdout
+        assert "alkstore_jobs" in unfiltered.stderr + unfiltered.stdout
+    else:
+        assert unfiltered.returncode == 0, unfiltered.stderr
+
+    _ok(app.alembic("downgrade", APP_REVISION))
+    assert not ALKSTORE_TABLES & app.tables(schema)
+    assert {"app_orders", "alembic_version"} <= app.tables(app_schema)
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT email FROM app_orders")) == "kept@example.com"
+        assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == APP_REVISION
+    engine.dispose()
+    _ok(app.alembic("upgrade", "head"))  # the downgrade left nothing in the way
+    assert app.tables(schema) >= ALKSTORE_TABLES
+
+
+def test_adopting_a_database_installed_by_alkstore_migrate(tmp_path: Path) -> None:
+    """The documented path for a database whose alkstore tables came from `alkstore migrate`
+    or Store.install(): generate the revision, then `alembic stamp` it (its steps already
+    ran). The chain then owns them: downgrade takes them out. (Engine-independent: stamp
+    only writes the app's alembic_version.)"""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'adopt.db'}", "sqlite")
+    _ok(app.alembic("upgrade", "head"))
+    engine = sa.create_engine(app.url)
+    migrations.upgrade(engine)  # what `alkstore migrate` does
+    rev = app.generate()
+    _ok(app.alembic("stamp", rev))
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == rev
+    store = alk.Store(engine)
+    store.check_schema()
+    store.close()
+    _ok(app.alembic("downgrade", APP_REVISION))
+    assert not ALKSTORE_TABLES & app.tables(None)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_offline_sql_renders_alkstore_ddl(kind: str, tmp_path: Path) -> None:
+    """``--sql`` needs no database: the steps are written with alembic.op."""
+    url = f"sqlite:///{tmp_path / 'never.db'}" if kind == "sqlite" else PG_URL
+    app = write_app(tmp_path, url, kind)
+    rev = app.generate("--schema", "alk_offline")
+    q = "" if kind == "sqlite" else "alk_offline."  # SQLite: prefixed tables, no schema
+
+    up = _ok(app.alembic("upgrade", "head", "--sql"))
+    assert up.index("CREATE TABLE app_orders") < up.index(f"CREATE TABLE {q}alkstore_jobs")
+    assert f"CREATE INDEX alkstore_jobs_pending_ix ON {q}alkstore_jobs" in up
+    assert f"INSERT INTO {q}{VERSION_TABLE} (version_num) VALUES ('alkstore_0001')" in up
+    assert f"UPDATE alembic_version SET version_num='{rev}'" in up
+    assert not (tmp_path / "never.db").exists()
+
+    down = _ok(app.alembic("downgrade", f"{rev}:{APP_REVISION}", "--sql"))
+    assert f"DROP TABLE {q}{VERSION_TABLE}" in down and f"DROP TABLE {q}alkstore_jobs" in down
+    assert "DROP TABLE app_orders" not in down
+
+
+def test_generator_continues_from_the_marker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A later run reads the step and schema of the earlier generated revision, through the
+    app's own later revisions, and writes only what is missing (here: nothing)."""
+    app = write_app(tmp_path, "sqlite://", "sqlite")
+    rev = app.generate("--schema", "jobs")
+    app.add_migration("app_0003", rev, "app_invoices")
+    script = ScriptDirectory.from_config(Config(str(app.ini)))
+    assert previous_alkstore(script, "app_0003") == (migrations.steps.HEAD, "jobs")
+    assert previous_alkstore(script, APP_REVISION) == (0, None)
+
+    before = sorted(app.versions.iterdir())
+    assert main(["alembic-revision", "-c", str(app.ini)]) == 0
+    assert "nothing to generate" in capsys.readouterr().out
+    assert sorted(app.versions.iterdir()) == before
+    with pytest.raises(SystemExit, match="'jobs'"):  # moving the tables is not a step
+        main(["alembic-revision", "-c", str(app.ini), "--schema", "elsewhere", "--from-step", "0"])
+    with pytest.raises(SystemExit, match="to-step"):
+        main(["alembic-revision", "-c", str(app.ini), "--to-step", str(migrations.steps.HEAD + 1)])
+    assert sorted(app.versions.iterdir()) == before
+
+
+def test_generator_refuses_two_heads(tmp_path: Path) -> None:
+    app = write_app(tmp_path, "sqlite://", "sqlite")
+    app.add_migration("app_0002a", APP_REVISION, "app_a")
+    app.add_migration("app_0002b", APP_REVISION, "app_b")
+    with pytest.raises(SystemExit, match="[Mm]ultiple heads"):
+        main(["alembic-revision", "-c", str(app.ini)])
+    with pytest.raises(SystemExit, match="app_0002c"):
+        main(["alembic-revision", "-c", str(app.ini), "--down-revision", "app_0002c"])
+    rev = app.generate("--down-revision", "app_0002a")
+    assert 'down_revision = "app_0002a"' in next(app.versions.glob(f"{rev}_*.py")).read_text()
+
+
+def test_generator_without_an_alembic_ini(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a config every choice must be explicit; then it writes where it is told."""
+    monkeypatch.chdir(tmp_path)  # no ./alembic.ini here
+    with pytest.raises(SystemExit, match="--from-step"):
+        main(["alembic-revision", "--version-path", "out", "--down-revision", "app_9"])
+    assert not (tmp_path / "out").exists()
+    assert main(["alembic-revision", "--version-path", "out", "--down-revision", "app_9",
+                 "--from-step", "0", "--rev-id", "r1"]) == 0
+    text = (tmp_path / "out" / f"r1_alkstore_steps_0_to_{migrations.steps.HEAD}.py").read_text()
+    assert 'revision = "r1"' in text and 'down_revision = "app_9"' in text
+    assert f"ALKSTORE_STEPS = (0, {migrations.steps.HEAD})" in text
+    compile(text, "generated", "exec")  # valid Python
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_cli_migrate_with_a_custom_schema(kind: str, tmp_path: Path) -> None:
+    """``alkstore migrate --schema`` (the console script), then a store and a transactional
+    enqueue on that schema."""
+    if kind == "postgresql":
+        require_pg()
+        url, schema = PG_URL, new_pg_schema("cli_custom")
+    else:
+        url, schema = f"sqlite:///{tmp_path / 'cli.db'}", "ignored_on_sqlite"
+    try:
+        for _ in range(2):  # idempotent
+            out = subprocess.run(
+                [ALKSTORE, "migrate", "--url", url, "--schema", schema],
+                capture_output=True, text=True, timeout=120,
+            )
+            assert out.returncode == 0, out.stderr
+            assert f"alkstore schema at {migrations.head_revision()}" in out.stdout
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            names = set(sa.inspect(conn).get_table_names(schema=None if kind == "sqlite" else schema))
+        assert names >= ALKSTORE_TABLES
+        store = alk.Store(engine, schema=schema)
+        with Session(engine) as session, session.begin():  # finds the schema via the registry
+            job_id = alk.enqueue(session, "custom", {"schema": schema})
+        handle = store.queue("custom").claim_one("w")
+        assert handle is not None and handle.id == job_id and handle.payload == {"schema": schema}
+        assert handle.ack()
+        store.close()
+        engine.dispose()
+    finally:
+        if kind == "postgresql":
+            cleanup = sa.create_engine(PG_URL)
+            with cleanup.begin() as conn:
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            cleanup.dispose()

@@ -1,0 +1,48 @@
+"""Smoke test of the benchmark harness (``python -m benchmarks``): it runs end to end and
+its JSON has every workload with positive numbers. It measures nothing and asserts no
+speed: timings on a shared machine are the benchmark's business, not the test suite's."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SQLITE_WORKLOADS = {"enqueue_one", "enqueue_session", "enqueue_many", "drain_batch", "drain_one", "drain_4proc"}
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def test_quick_sqlite_run_writes_every_workload(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--skip-scaling", "--engine", "sqlite", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "| workload | alkstore_sa | raw floor" in proc.stdout
+    assert "Wake latency" in proc.stdout  # says it is not measured
+
+    report = json.loads(out.read_text())
+    meta = report["meta"]
+    assert meta["engines"] == ["sqlite"] and meta["quick"] is True and meta["reps"] == 1
+    assert _positive(meta["cpu_count"])
+    assert {"alkstore_sa", "SQLAlchemy"} <= set(meta["libraries"])
+    assert "SQLite" in meta["databases"]["sqlite"]
+
+    results = report["results"]
+    assert {r["key"] for r in results} == SQLITE_WORKLOADS
+    for r in results:
+        assert r["engine"] == "sqlite" and r["jobs"] > 0, r
+        for side in ("alkstore", "floor"):
+            assert _positive(r[side]["median"]), r
+            assert len(r[side]["rates"]) == 1 and all(_positive(x) for x in r[side]["rates"]), r
+        assert _positive(r["ratio"]), r
+    assert report["scaling"] == {}
