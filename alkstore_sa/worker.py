@@ -88,7 +88,9 @@ class Worker:
         self.worker_id = default_worker_id() if worker_id is None else v.worker_id(worker_id)
         self.poll_interval = v.duration(poll_interval, "poll_interval", inclusive=False)
         self.shutdown_grace = v.duration(shutdown_grace, "shutdown_grace")
-        self._nudge = threading.Event()
+        self._nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop
+        self._beat_nudge = threading.Event()  # wakes the heartbeat thread: new jobs, stop
+        self._beat_stop = False
         self._lock = threading.Lock()
         self._in_flight: dict[int, _InFlight] = {}
         self._work: queue_mod.SimpleQueue[JobHandle | None] = queue_mod.SimpleQueue()
@@ -108,8 +110,8 @@ class Worker:
             threading.Thread(target=self._execute_loop, name=f"alkstore-worker-{i}", daemon=True)
             for i in range(self.concurrency)
         ]
-        beat_stop = threading.Event()
-        beater = threading.Thread(target=self._heartbeat_loop, args=(beat_stop,), name="alkstore-heartbeat", daemon=True)
+        self._beat_stop = False
+        beater = threading.Thread(target=self._heartbeat_loop, name="alkstore-heartbeat", daemon=True)
         for t in [*threads, beater]:
             t.start()
         log.info("worker %s started on queue %r (concurrency %d)", self.worker_id, self.queue.name, self.concurrency)
@@ -117,7 +119,8 @@ class Worker:
             self._claim_loop(stop, burst)
         finally:
             self._drain(threads)
-            beat_stop.set()
+            self._beat_stop = True
+            self._beat_nudge.set()
             if watch is not None:
                 self._unwatch(watch)
             log.info("worker %s stopped after %d jobs", self.worker_id, self.processed)
@@ -171,6 +174,8 @@ class Worker:
                 self._in_flight[h.id] = _InFlight(h, now + h.job.visibility_timeout / 3)
         for h in handles:
             self._work.put(h)
+        if handles:
+            self._beat_nudge.set()  # its schedule changed: the first beat may be due soon
 
     def _drain(self, threads: list[threading.Thread]) -> None:
         deadline = time.monotonic() + self.shutdown_grace
@@ -257,15 +262,16 @@ class Worker:
 
     # -- heartbeats ------------------------------------------------------------------------
 
-    def _heartbeat_loop(self, stop: threading.Event) -> None:
-        while not stop.is_set():
+    def _heartbeat_loop(self) -> None:
+        while not self._beat_stop:
             now = time.monotonic()
             with self._lock:
                 due = [e for e in self._in_flight.values() if e.next_beat <= now and not e.lost]
                 upcoming = min((e.next_beat for e in self._in_flight.values() if not e.lost), default=now + 1.0)
             for entry in due:
                 self._beat(entry)
-            stop.wait(max(0.005, min(1.0, upcoming - time.monotonic())))
+            self._beat_nudge.wait(max(0.005, min(1.0, upcoming - time.monotonic())))
+            self._beat_nudge.clear()
 
     def _beat(self, entry: _InFlight) -> None:
         vt = entry.handle.job.visibility_timeout

@@ -1,0 +1,391 @@
+"""The ``alkstore`` console script, run as a subprocess against real databases (a SQLite file;
+a PostgreSQL schema through ``--schema``): migrate, status (table and JSON), dead
+list/show/requeue, sweep, the NotInstalled message, and ``worker`` processing jobs and
+stopping gracefully on SIGTERM/SIGINT with exit code 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import alkstore_sa as alk
+from alkstore_sa import migrations
+from tests.conftest import ENGINES, require_pg
+from tests.support import PG_URL, new_pg_schema
+
+ALKSTORE = Path(sys.executable).with_name("alkstore")
+STARTUP = 60.0  # a fresh interpreter imports SQLAlchemy (and psycopg) first
+
+
+@dataclass
+class Cli:
+    """An empty database (SQLite file, or a not-yet-created PostgreSQL schema) and the
+    ``alkstore`` command pointed at it."""
+
+    kind: str
+    url: str
+    schema: str
+    tmp: Path
+    stores: list[alk.Store] = field(default_factory=list)
+
+    @property
+    def db_args(self) -> list[str]:
+        return ["--url", self.url, "--schema", self.schema]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+        env.update(extra)
+        return env
+
+    def run(self, *argv: str, db: bool = True, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        cmd = [str(ALKSTORE), *argv, *(self.db_args if db else [])]
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env or self.env(),
+            stdin=subprocess.DEVNULL, cwd=self.tmp,
+        )
+
+    def ok(self, *argv: str) -> str:
+        res = self.run(*argv)
+        assert res.returncode == 0, f"alkstore {' '.join(argv)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+        assert "Traceback" not in res.stderr, res.stderr
+        return res.stdout
+
+    def store(self, **kw: Any) -> alk.Store:
+        s = alk.Store(self.url, schema=self.schema, **kw)
+        self.stores.append(s)
+        return s
+
+    def install(self) -> alk.Store:
+        s = self.store()
+        s.install()
+        return s
+
+
+@pytest.fixture(params=ENGINES)
+def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
+    assert ALKSTORE.exists(), f"the console script is not installed at {ALKSTORE}"
+    if request.param == "sqlite":
+        c = Cli("sqlite", f"sqlite:///{tmp_path / 'cli.db'}", "alkstore", tmp_path)
+    else:
+        require_pg()
+        c = Cli("postgresql", PG_URL, new_pg_schema("cli"), tmp_path)
+    try:
+        yield c
+    finally:
+        for s in c.stores:
+            s.close()
+        if c.kind == "postgresql":
+            eng = sa.create_engine(PG_URL)
+            with eng.begin() as conn:
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{c.schema}" CASCADE')
+            eng.dispose()
+
+
+# -- migrate and NotInstalled ----------------------------------------------------------------
+
+
+def test_migrate_installs_and_is_idempotent(cli: Cli) -> None:
+    head = migrations.head_revision()
+    first = cli.ok("migrate")
+    assert first.strip() == f"alkstore schema at {head}"
+    again = cli.ok("migrate")
+    assert again.strip() == f"alkstore schema at {head}"
+    s = cli.store()
+    s.check_schema()  # the library accepts what the command installed
+    s.queue("after-migrate").enqueue({"ok": True})
+    assert cli.ok("migrate").strip() == f"alkstore schema at {head}"  # data is untouched
+    assert s.queue("after-migrate").stats().ready == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["status", "--json"],
+        ["dead", "list", "--queue", "q"],
+        ["sweep"],
+        ["worker", "json:dumps", "--queue", "q"],
+    ],
+    ids=lambda a: "-".join(a[:2]),
+)
+def test_not_installed_exits_2_and_names_migrate(cli: Cli, argv: list[str]) -> None:
+    res = cli.run(*argv)
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "alkstore migrate" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stdout == ""
+
+
+def test_no_database_url_is_a_clear_error(tmp_path: Path) -> None:
+    c = Cli("sqlite", "", "alkstore", tmp_path)
+    res = c.run("status", db=False)
+    assert res.returncode != 0
+    assert "ALKSTORE_DATABASE_URL" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bad_handler_spec_is_a_clear_error(tmp_path: Path) -> None:
+    c = Cli("sqlite", f"sqlite:///{tmp_path / 'x.db'}", "alkstore", tmp_path)
+    res = c.run("worker", "no_colon_here", "--queue", "q")
+    assert res.returncode != 0
+    assert "MODULE:HANDLER" in res.stderr and "Traceback" not in res.stderr
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+def _status_rows(out: str) -> dict[str, list[str]]:
+    lines = out.strip().splitlines()
+    assert lines[0].split() == ["queue", "pending", "ready", "processing", "dead", "oldest_ready_age"]
+    return {cols[0]: cols[1:] for cols in (line.split() for line in lines[1:])}
+
+
+def test_status_table_and_json(cli: Cli) -> None:
+    s = cli.install()
+    assert _status_rows(cli.ok("status")) == {"(no": ["jobs)"]}
+    assert json.loads(cli.ok("status", "--json")) == {}
+
+    emails = s.queue("emails")
+    emails.enqueue_many([{"to": f"u{i}"} for i in range(4)])
+    emails.enqueue({"to": "later"}, delay=3600)
+    assert emails.claim_one("w") is not None
+    reports = s.queue("reports")
+    reports.enqueue({"r": 1})
+    h = reports.claim_one("w")
+    assert h is not None and h.fail("no printer")
+    time.sleep(0.05)  # the oldest ready job has an age
+
+    rows = _status_rows(cli.ok("status"))
+    assert set(rows) == {"emails", "reports"}
+    assert rows["emails"][:4] == ["4", "3", "1", "0"]  # pending (incl. delayed), ready, processing, dead
+    assert re.fullmatch(r"\d+\.\ds", rows["emails"][4]), rows["emails"][4]
+    assert rows["reports"] == ["0", "0", "0", "1", "-"]
+
+    data = json.loads(cli.ok("status", "--json"))
+    assert set(data) == {"emails", "reports"}
+    assert {k: v for k, v in data["emails"].items() if k != "oldest_ready_age"} == {
+        "pending": 4, "ready": 3, "processing": 1, "dead": 0,
+    }
+    assert isinstance(data["emails"]["oldest_ready_age"], float) and data["emails"]["oldest_ready_age"] >= 0
+    assert data["reports"] == {"pending": 0, "ready": 0, "processing": 0, "dead": 1, "oldest_ready_age": None}
+
+    # the same from the environment variables instead of flags
+    res = cli.run("status", "--json", db=False, env=cli.env(ALKSTORE_DATABASE_URL=cli.url, ALKSTORE_SCHEMA=cli.schema))
+    assert res.returncode == 0, res.stderr
+    assert set(json.loads(res.stdout)) == {"emails", "reports"}
+
+
+# -- dead list / show / requeue ----------------------------------------------------------------
+
+
+def test_dead_list_show_requeue(cli: Cli) -> None:
+    s = cli.install()
+    q = s.queue("reports", max_attempts=1)
+    first, second = q.enqueue({"r": "first"}), q.enqueue({"r": "second"})
+    live = s.queue("other").enqueue({"live": True})
+    h1 = q.claim_one("w")
+    assert h1 is not None and h1.id == first and h1.fail("boom: no printer\tin room 2")
+    h2 = q.claim_one("w")
+    assert h2 is not None and h2.id == second and h2.retry("timeout")  # at the budget: dead
+
+    lines = cli.ok("dead", "list", "--queue", "reports").strip().splitlines()
+    listed = [line.split("\t") for line in lines]
+    assert [int(cols[0]) for cols in listed] == [second, first]  # newest first
+    assert listed[0][2] == "attempts=1/1" and listed[0][3] == "max attempts exceeded"
+    assert listed[1][3:] == ["boom: no printer", "in room 2"]
+
+    data = json.loads(cli.ok("dead", "list", "--queue", "reports", "--json"))
+    assert [(j["id"], j["state"], j["last_error"]) for j in data] == [
+        (second, "dead", "max attempts exceeded"), (first, "dead", "boom: no printer\tin room 2"),
+    ]
+    assert data[0]["errors"][-1]["error"] == "timeout"
+    limited = json.loads(cli.ok("dead", "list", "--queue", "reports", "--json", "--limit", "1"))
+    assert [j["id"] for j in limited] == [second]
+    paged = json.loads(cli.ok("dead", "list", "--queue", "reports", "--json", "--before", str(second)))
+    assert [j["id"] for j in paged] == [first]
+
+    shown = json.loads(cli.ok("dead", "show", str(first)))
+    assert shown["id"] == first and shown["state"] == "dead" and shown["queue"] == "reports"
+    assert shown["payload"] == {"r": "first"} and shown["attempts"] == 1
+    assert shown["last_error"] == "boom: no printer\tin room 2" and shown["died_at"]
+    assert json.loads(cli.ok("dead", "show", str(live)))["state"] == "pending"
+    res = cli.run("dead", "show", "987654321")
+    assert res.returncode == 1 and "no job 987654321" in res.stdout
+
+    out = cli.ok("dead", "requeue", "--queue", "reports", str(first))
+    m = re.fullmatch(rf"{first} -> (\d+)\n", out)
+    assert m, out
+    new_id = int(m.group(1))
+    assert new_id != first
+    job = q.get_job(new_id)
+    assert job is not None and job.state == "pending" and job.attempts == 0 and job.payload == {"r": "first"}
+    assert q.get_job(first) is None
+
+    res = cli.run("dead", "requeue", "--queue", "reports", str(second), "424242")
+    assert res.returncode == 1, res.stdout
+    out_lines = res.stdout.strip().splitlines()
+    assert re.fullmatch(rf"{second} -> \d+", out_lines[0]), out_lines
+    assert out_lines[1].startswith("424242: no dead job")
+    assert cli.ok("dead", "list", "--queue", "reports").strip() == "(no dead jobs)"
+    assert q.stats().ready == 2
+
+
+# -- sweep -------------------------------------------------------------------------------------
+
+
+def test_sweep_expires_and_purges(cli: Cli) -> None:
+    cli.install()
+    past = cli.store(clock=lambda: time.time() - 7200)  # writes rows as of two hours ago
+    stale = past.queue("stale").enqueue({"s": 1}, expires=60)  # expired an hour and 59 min ago
+    fresh = past.queue("stale").enqueue({"s": 2}, expires=86400)
+    pq = past.queue("purge", dead_letter_retention=60)
+    pq.enqueue({"p": 1})
+    h = pq.claim_one("w")
+    assert h is not None and h.fail("old failure")  # died two hours ago, kept for a minute
+
+    assert cli.ok("sweep", "--queue", "stale").strip() == "stale: expired=1 purged=0"
+    now = cli.store()
+    job = now.get_job(stale)
+    assert job is not None and job.state == "dead" and job.last_error == "expired"
+    assert now.get_job(fresh) is not None and now.get_job(fresh).state == "pending"  # type: ignore[union-attr]
+    assert now.get_job(h.id) is not None  # --queue stale left the other queue alone
+
+    lines = sorted(cli.ok("sweep").strip().splitlines())
+    assert lines == ["purge: expired=0 purged=1", "stale: expired=0 purged=0"]
+    assert now.get_job(h.id) is None
+    assert cli.ok("sweep", "-q", "purge", "-q", "stale").strip().splitlines() == [
+        "purge: expired=0 purged=0", "stale: expired=0 purged=0",
+    ]
+
+
+# -- worker ------------------------------------------------------------------------------------
+
+HANDLERS = textwrap.dedent(
+    """
+    import json, os, time
+    from pathlib import Path
+
+    MARKS = Path(os.environ["ALK_TEST_MARKS"])
+
+    def handle(job):
+        (MARKS / f"{job.id}.started").write_text(str(time.time()))
+        time.sleep(job.payload.get("sleep", 0))
+        if job.payload.get("raise"):
+            raise RuntimeError(job.payload["raise"])
+        (MARKS / f"{job.id}.done").write_text(json.dumps({"attempts": job.attempts, "pid": os.getpid()}))
+    """
+)
+
+
+class WorkerProcess:
+    def __init__(self, cli: Cli, queue: str, *extra: str, via: str = "cwd") -> None:
+        moddir = cli.tmp / "app"
+        moddir.mkdir()
+        (moddir / "cli_test_jobs.py").write_text(HANDLERS)
+        self.marks = cli.tmp / "marks"
+        self.marks.mkdir()
+        env = cli.env(ALK_TEST_MARKS=str(self.marks), PYTHONUNBUFFERED="1")
+        if via == "pythonpath":
+            env["PYTHONPATH"] = str(moddir)
+            cwd = cli.tmp
+        else:
+            cwd = moddir
+        self.proc = subprocess.Popen(
+            [str(ALKSTORE), "worker", "cli_test_jobs:handle", "--queue", queue, *extra, *cli.db_args],
+            cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def wait_mark(self, job_id: int, kind: str, timeout: float) -> None:
+        path = self.marks / f"{job_id}.{kind}"
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if self.proc.poll() is not None:
+                out, err = self.proc.communicate()
+                raise AssertionError(f"the worker exited ({self.proc.returncode}) early:\n{out}\n{err}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} not {kind} within {timeout}s")
+            time.sleep(0.01)
+
+    def signal_and_wait(self, sig: int, timeout: float = 30) -> tuple[int, str, str]:
+        self.proc.send_signal(sig)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(f"the worker did not exit within {timeout}s of {sig!r}:\n{err}") from None
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def test_worker_processes_jobs_and_sigterm_finishes_in_flight(cli: Cli) -> None:
+    s = cli.install()
+    q = s.queue("work")
+    w = WorkerProcess(cli, "work", "-c", "2")
+    try:
+        quick = q.enqueue_many([{"n": i} for i in range(5)])
+        for job_id in quick:
+            w.wait_mark(job_id, "done", STARTUP)
+        failing = q.enqueue({"raise": "smtp down"})
+        w.wait_mark(failing, "started", 10)
+
+        def retried() -> bool:
+            j = q.get_job(failing)
+            return j is not None and j.state == "pending" and bool(j.errors)
+
+        deadline = time.monotonic() + 10
+        while not retried() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert retried(), q.get_job(failing)
+        assert q.get_job(failing).errors[-1]["error"] == "smtp down"  # type: ignore[union-attr]
+
+        slow = q.enqueue_many([{"sleep": 1.5, "n": i} for i in range(3)])
+        w.wait_mark(slow[0], "started", 10)
+        w.wait_mark(slow[1], "started", 10)  # -c 2: two in flight, the third waits
+        assert q.get_job(slow[2]).state == "pending"  # type: ignore[union-attr]
+        code, _out, err = w.signal_and_wait(signal.SIGTERM)
+    finally:
+        w.kill()
+    assert code == 0, err
+    # the one traceback logged is the failing handler's, with its message
+    assert err.count("Traceback") == err.count("\nRuntimeError: smtp down\n") >= 1, err
+    for job_id in [*quick, *slow[:2]]:
+        assert (w.marks / f"{job_id}.done").exists(), f"in-flight job {job_id} was not finished"
+        assert q.get_job(job_id) is None, f"job {job_id} was not acked"
+    third = q.get_job(slow[2])
+    assert third is not None and third.state == "pending" and third.attempts == 0, "claimed after SIGTERM"
+    assert not (w.marks / f"{slow[2]}.started").exists()
+    assert "started on queue 'work'" in err and "stopped after" in err  # logging to stderr
+
+
+def test_worker_sigint_is_graceful_too(cli: Cli) -> None:
+    s = cli.install()
+    q = s.queue("interrupted")
+    w = WorkerProcess(cli, "interrupted", "-c", "1", "--poll-interval", "3600", via="pythonpath")
+    try:
+        job_id = q.enqueue({"sleep": 1.0})
+        w.wait_mark(job_id, "started", STARTUP)
+        code, _out, err = w.signal_and_wait(signal.SIGINT)
+    finally:
+        w.kill()
+    assert code == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert (w.marks / f"{job_id}.done").exists()
+    assert q.get_job(job_id) is None

@@ -1,0 +1,318 @@
+"""SPEC §9: notify / listen on both engines — fan-out, transactional delivery, channel
+names of any length and character, payload validation, the Subscription surface, and the
+SQLite notifications table's engine-side cap."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+from alkstore_sa import migrations
+from alkstore_sa._backends.sqlite import NOTIFY_KEEP, NOTIFY_PRUNE_EVERY
+from tests.support import Target, new_pg_schema
+
+DELIVERY = 10.0  # seconds a delivery may take before the test fails (never a speed claim)
+QUIET = 0.3  # seconds of silence that stand for "not delivered" where no fence fits
+
+
+def _fence(store: alk.Store, sub: alk.Subscription, channel: str | None = None) -> None:
+    """Prove nothing else is queued for ``sub``: a fresh notify on its channel, committed
+    after everything before it, must be the very next item (one subscription's
+    notifications arrive in commit order)."""
+    channel = sub.channel if channel is None else channel
+    store.notify(channel, "~fence~")
+    assert sub.get(timeout=DELIVERY) == alk.Notification(channel, "~fence~")
+
+
+def _payloads(sub: alk.Subscription, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        note = sub.get(timeout=DELIVERY)
+        assert note is not None, f"only {len(out)} of {n} notifications arrived: {out}"
+        out.append(note.payload)
+    return out
+
+
+# -- fan-out ------------------------------------------------------------------------------
+
+
+def test_notify_reaches_every_subscriber(db: Target, store: alk.Store) -> None:
+    other = db.store()  # a second store: its own listener/watcher
+    try:
+        a = store.listen("orders")
+        b = store.listen("orders")
+        c = other.listen("orders")
+        elsewhere = store.listen("orders-2")
+        store.notify("orders", "first")
+        other.notify("orders", "second")
+        for sub in (a, b, c):
+            first, second = sub.get(timeout=DELIVERY), sub.get(timeout=DELIVERY)
+            assert first == alk.Notification("orders", "first")
+            assert second == alk.Notification("orders", "second")
+        _fence(store, elsewhere)
+        for sub in (a, b, c, elsewhere):
+            sub.close()
+    finally:
+        other.close()
+
+
+def test_default_payload_is_empty_text(store: alk.Store) -> None:
+    with store.listen("pings") as sub:
+        store.notify("pings")
+        assert sub.get(timeout=DELIVERY) == alk.Notification("pings", "")
+
+
+def test_notify_before_listen_is_not_delivered(store: alk.Store) -> None:
+    store.notify("early", "sent before anyone listened")
+    with store.listen("early") as sub:
+        store.notify("early", "after")
+        assert sub.get(timeout=DELIVERY) == alk.Notification("early", "after")
+
+
+def test_order_is_kept_per_subscription(store: alk.Store) -> None:
+    with store.listen("seq") as sub:
+        for i in range(50):
+            store.notify("seq", str(i))
+        assert _payloads(sub, 50) == [str(i) for i in range(50)]
+
+
+# -- in the caller's transaction -----------------------------------------------------------
+
+
+def test_session_notify_only_on_commit(db: Target, store: alk.Store) -> None:
+    with store.listen("tx") as sub, Session(db.engine) as session:
+        alk.notify(session, "tx", "rolled back")
+        session.rollback()
+        _fence(store, sub)
+
+        alk.notify(session, "tx", "committed")
+        if db.kind == "postgresql":  # SQLite: the open write transaction holds the writer lock
+            _fence(store, sub)  # another transaction's commit passes; this one is not out yet
+        session.commit()
+        assert sub.get(timeout=DELIVERY) == alk.Notification("tx", "committed")
+        _fence(store, sub)  # and the rolled-back one never surfaces
+
+
+def test_connection_notify_follows_the_connection_transaction(db: Target, store: alk.Store) -> None:
+    with store.listen("conn-tx") as sub:
+        with db.engine.connect() as conn:
+            tx = conn.begin()
+            alk.notify(conn, "conn-tx", "no")
+            tx.rollback()
+            with conn.begin():
+                alk.notify(conn, "conn-tx", "yes")
+        assert sub.get(timeout=DELIVERY) == alk.Notification("conn-tx", "yes")
+        _fence(store, sub)
+
+
+# -- channel names ----------------------------------------------------------------------------
+
+ODD_NAMES = {
+    "200-chars": "n" * 200,
+    "200-multibyte": "通" * 200,  # 600 UTF-8 bytes
+    "quotes": "it's a \"quoted\" name",
+    "sql": "x'; DROP TABLE alkstore_jobs; --",
+    "unicode": "ünïcødé ☃ 通知 🚀",
+    "spaces-newline": "  a\tb\nc  ",
+    "case-Upper": "Orders",
+    "reserved-prefix": "__alkstore.internal",
+}
+
+
+@pytest.mark.parametrize("name", list(ODD_NAMES.values()), ids=list(ODD_NAMES))
+def test_odd_channel_names_round_trip(store: alk.Store, name: str) -> None:
+    with store.listen(name) as sub:
+        store.notify(name, "payload for " + name)
+        assert sub.get(timeout=DELIVERY) == alk.Notification(name, "payload for " + name)
+
+
+def test_channel_names_are_case_sensitive(store: alk.Store) -> None:
+    with store.listen("Orders") as upper, store.listen("orders") as lower:
+        store.notify("orders", "lower")
+        assert lower.get(timeout=DELIVERY) == alk.Notification("orders", "lower")
+        _fence(store, upper)
+
+
+@pytest.mark.parametrize("prefix", ["p" * 63, "é" * 40], ids=["ascii", "multibyte"])
+def test_long_names_sharing_63_bytes_do_not_collide(store: alk.Store, prefix: str) -> None:
+    """PostgreSQL truncates identifiers at 63 bytes: the mapping must keep these apart."""
+    assert len(prefix.encode()) >= 63
+    one, two = prefix + "-one" + "x" * 50, prefix + "-two" + "x" * 50
+    with store.listen(one) as sub_one, store.listen(two) as sub_two:
+        store.notify(one, "1")
+        assert sub_one.get(timeout=DELIVERY) == alk.Notification(one, "1")
+        store.notify(two, "2")
+        assert sub_two.get(timeout=DELIVERY) == alk.Notification(two, "2"), "got the other name's"
+        _fence(store, sub_one)
+
+
+def test_channels_of_two_schemas_do_not_meet(_pg_module_target: Target) -> None:
+    """PostgreSQL only: stores on two schemas of one database share one NOTIFY namespace;
+    the mapping keeps them apart. (On SQLite each database file is its own namespace.)"""
+    db = _pg_module_target
+    store = db.store()
+    schema = new_pg_schema("n")
+    migrations.upgrade(db.engine, schema=schema)
+    other = alk.Store(db.engine.url.render_as_string(hide_password=False), schema=schema)
+    try:
+        with store.listen("shared") as mine, other.listen("shared") as theirs:
+            other.notify("shared", "theirs")
+            assert theirs.get(timeout=DELIVERY) == alk.Notification("shared", "theirs")
+            _fence(store, mine)
+    finally:
+        other.close()
+        store.close()
+        db.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.mark.parametrize("bad", ["", "a" * 201, "nul\x00byte", "lone\ud800surrogate", 7, None, b"bytes"])
+def test_invalid_channel_names_are_refused(store: alk.Store, db: Target, bad: object) -> None:
+    with pytest.raises(alk.InvalidName):
+        store.notify(bad, "x")  # type: ignore[arg-type]
+    with pytest.raises(alk.InvalidName):
+        store.listen(bad)  # type: ignore[arg-type]
+    with Session(db.engine) as session, pytest.raises(alk.InvalidName):
+        alk.notify(session, bad, "x")  # type: ignore[arg-type]
+
+
+# -- payloads ---------------------------------------------------------------------------------
+
+BAD_PAYLOADS = {
+    "bytes": b"text",
+    "int": 42,
+    "none": None,
+    "dict": {"a": 1},
+    "nul": "a\x00b",
+    "8000-ascii": "a" * 8000,
+    "8000-bytes-of-4000-chars": "é" * 4000,
+    "lone-surrogate": "x\udc80",
+}
+
+
+@pytest.mark.parametrize("payload", list(BAD_PAYLOADS.values()), ids=list(BAD_PAYLOADS))
+def test_bad_payloads_raise_payload_error_and_send_nothing(db: Target, store: alk.Store, payload: object) -> None:
+    with store.listen("bad-payload") as sub:
+        with pytest.raises(alk.PayloadError):
+            store.notify("bad-payload", payload)  # type: ignore[arg-type]
+        with Session(db.engine) as session:
+            with pytest.raises(alk.PayloadError):
+                alk.notify(session, "bad-payload", payload)  # type: ignore[arg-type]
+            alk.notify(session, "bad-payload", "still usable")  # the session is unharmed
+            session.commit()
+        assert sub.get(timeout=DELIVERY) == alk.Notification("bad-payload", "still usable")
+        _fence(store, sub)
+
+
+@pytest.mark.parametrize("payload", ["a" * 7999, "é" * 3999 + "a", "🚀" * 1999 + "abc", "quote ' \" \\ ;"])
+def test_payloads_up_to_7999_bytes_arrive_intact(store: alk.Store, payload: str) -> None:
+    assert len(payload.encode()) <= 7999
+    with store.listen("big") as sub:
+        store.notify("big", payload)
+        note = sub.get(timeout=DELIVERY)
+        assert note is not None and note.payload == payload
+
+
+# -- the Subscription surface ---------------------------------------------------------------
+
+
+def test_get_times_out_with_none(store: alk.Store) -> None:
+    with store.listen("silence") as sub:
+        assert sub.get(timeout=0.05) is None
+        assert sub.get(timeout=0) is None
+        store.notify("silence", "now")
+        assert sub.get(timeout=DELIVERY) == alk.Notification("silence", "now")
+
+
+def test_iteration_yields_in_order_and_ends_at_close(store: alk.Store) -> None:
+    sub = store.listen("iter")
+    seen: list[str] = []
+    ended = threading.Event()
+
+    def consume() -> None:
+        for note in sub:
+            assert note.channel == "iter"
+            seen.append(note.payload)
+        ended.set()
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    for i in range(5):
+        store.notify("iter", f"m{i}")
+    deadline = DELIVERY
+    while len(seen) < 5 and deadline > 0:
+        ended.wait(0.05)
+        deadline -= 0.05
+    assert seen == [f"m{i}" for i in range(5)]
+    assert not ended.is_set(), "iteration ended before close()"
+
+    sub.close()  # the iterator is blocked waiting for the next one: close ends it
+    t.join(DELIVERY)
+    assert not t.is_alive(), "a blocked iterator did not end at close()"
+    assert ended.is_set()
+
+
+def test_blocked_get_returns_none_at_close(store: alk.Store) -> None:
+    sub = store.listen("blocked-get")
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(sub.get()), daemon=True)  # no timeout
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()
+    sub.close()
+    t.join(DELIVERY)
+    assert not t.is_alive() and got == [None]
+
+
+def test_closed_subscription_receives_nothing_and_close_is_idempotent(store: alk.Store) -> None:
+    sub = store.listen("closing")
+    keep = store.listen("closing")
+    sub.close()
+    sub.close()
+    store.notify("closing", "after close")
+    assert keep.get(timeout=DELIVERY) == alk.Notification("closing", "after close")
+    assert sub.get(timeout=QUIET) is None
+    assert sub.get() is None, "get() without timeout must not block on a closed subscription"
+    assert list(sub) == []
+    keep.close()
+
+
+def test_listen_on_a_closed_store_raises(db: Target) -> None:
+    s = db.store()
+    s.close()
+    with pytest.raises(alk.StoreClosed):
+        s.listen("x")
+    with pytest.raises(alk.StoreClosed):
+        s.notify("x", "y")
+
+
+# -- volume: the SQLite table is capped by the engine --------------------------------------
+
+
+def test_ten_thousand_notifies(db: Target, store: alk.Store) -> None:
+    """SQLite: the notifications table stays bounded (no consumer chore) while a live
+    subscriber keeps receiving, in order, through the newest. PostgreSQL: every one arrives."""
+    n = 10_000
+    with store.listen("volume") as sub:
+        peak = 0
+        for i in range(n):
+            store.notify("volume", str(i))
+            if db.kind == "sqlite" and i % 1000 == 999:
+                peak = max(peak, int(db.scalar('SELECT count(*) FROM "alkstore_notifications"')))  # type: ignore[arg-type]
+        got: list[int] = []
+        while not got or got[-1] != n - 1:
+            note = sub.get(timeout=DELIVERY)
+            assert note is not None, f"the newest notification never arrived (last seen {got[-1:]})"
+            got.append(int(note.payload))
+    assert got == sorted(set(got)), "out of order or duplicated"
+    if db.kind == "sqlite":
+        rows = int(db.scalar('SELECT count(*) FROM "alkstore_notifications"'))  # type: ignore[arg-type]
+        assert rows <= NOTIFY_KEEP + NOTIFY_PRUNE_EVERY, rows
+        assert peak <= NOTIFY_KEEP + NOTIFY_PRUNE_EVERY, peak
+        newest = int(db.scalar('SELECT max(id) FROM "alkstore_notifications"'))  # type: ignore[arg-type]
+        oldest = int(db.scalar('SELECT min(id) FROM "alkstore_notifications"'))  # type: ignore[arg-type]
+        assert newest - oldest < NOTIFY_KEEP + NOTIFY_PRUNE_EVERY
+    else:
+        assert got == list(range(n))
