@@ -15,8 +15,13 @@ _I = FIELD
 _STATE = len(JOB_FIELDS)
 
 
+_UTC = timezone.utc
+_fromtimestamp = datetime.fromtimestamp
+_NO_PAYLOAD: Any = object()
+
+
 def ts(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, timezone.utc)
+    return None if value is None else _fromtimestamp(value, _UTC)
 
 
 def _float(value: float | None) -> float | None:
@@ -24,6 +29,8 @@ def _float(value: float | None) -> float | None:
 
 
 def _errors(text: str) -> list[dict[str, Any]]:
+    if text == "[]":
+        return []
     entries = json.loads(text)
     return [
         {"attempt": e["attempt"], "error": e["error"], "at": ts(e["at"])}
@@ -31,14 +38,15 @@ def _errors(text: str) -> list[dict[str, Any]]:
     ]
 
 
-def job_from_row(row: tuple[Any, ...]) -> Job:
-    """A row laid out as JOB_FIELDS + state (+ last_error, died_at for dead rows)."""
+def job_from_row(row: tuple[Any, ...], payload: Any = _NO_PAYLOAD) -> Job:
+    """A row laid out as JOB_FIELDS + state (+ last_error, died_at for dead rows);
+    ``payload`` when the caller already decoded it."""
     dead = row[_STATE] == "dead"
     return Job(
         id=row[0],
         queue=row[_I["queue"]],
         state=row[_STATE],
-        payload=decode_payload(row[_I["payload"]]),
+        payload=decode_payload(row[_I["payload"]]) if payload is _NO_PAYLOAD else payload,
         priority=row[_I["priority"]],
         attempts=row[_I["attempts"]],
         max_attempts=row[_I["max_attempts"]],

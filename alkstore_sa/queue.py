@@ -243,6 +243,9 @@ def _job_id(job_id: object) -> int:
     return job_id
 
 
+_UNSET: Any = object()
+
+
 class JobHandle:
     """One claim of one job. ``ack``/``retry``/``fail`` are one-shot; ``heartbeat`` repeats.
 
@@ -250,7 +253,7 @@ class JobHandle:
     claim deadline has not passed; otherwise it returns False and changes nothing.
     """
 
-    __slots__ = ("_queue", "_row", "_job", "_consumed")
+    __slots__ = ("_queue", "_row", "_job", "_payload", "_consumed")
 
     def __init__(self, queue: Queue, row: tuple[Any, ...] | Job) -> None:
         self._queue = queue
@@ -261,6 +264,7 @@ class JobHandle:
             self._row: tuple[Any, ...] = (row.id,) + tuple(getattr(row, f) for f in JOB_FIELDS[1:])
         else:
             self._job, self._row = None, row
+        self._payload: Any = _UNSET
         self._consumed = False
 
     def __repr__(self) -> str:
@@ -270,7 +274,7 @@ class JobHandle:
     def job(self) -> Job:
         """The job as claimed."""
         if self._job is None:
-            self._job = job_from_row(self._row)
+            self._job = job_from_row(self._row, self._payload)
         return self._job
 
     @property
@@ -279,7 +283,12 @@ class JobHandle:
 
     @property
     def payload(self) -> Any:
-        return self.job.payload
+        """The job's payload (decoded once, without building the whole Job)."""
+        if self._job is not None:
+            return self._job.payload
+        if self._payload is _UNSET:
+            self._payload = v.decode_payload(self._row[FIELD["payload"]])
+        return self._payload
 
     @property
     def _attempts(self) -> int:
