@@ -17,7 +17,7 @@ _STATE = len(JOB_FIELDS)
 
 _UTC = timezone.utc
 _fromtimestamp = datetime.fromtimestamp
-_NO_PAYLOAD: Any = object()
+NO_PAYLOAD: Any = object()  # "not decoded yet"
 
 
 def ts(value: float | None) -> datetime | None:
@@ -38,7 +38,7 @@ def _errors(text: str) -> list[dict[str, Any]]:
     ]
 
 
-def job_from_row(row: tuple[Any, ...], payload: Any = _NO_PAYLOAD) -> Job:
+def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:
     """A row laid out as JOB_FIELDS + state (+ last_error, died_at for dead rows);
     ``payload`` when the caller already decoded it."""
     dead = row[_STATE] == "dead"
@@ -46,7 +46,7 @@ def job_from_row(row: tuple[Any, ...], payload: Any = _NO_PAYLOAD) -> Job:
         id=row[0],
         queue=row[_I["queue"]],
         state=row[_STATE],
-        payload=decode_payload(row[_I["payload"]]) if payload is _NO_PAYLOAD else payload,
+        payload=decode_payload(row[_I["payload"]]) if payload is NO_PAYLOAD else payload,
         priority=row[_I["priority"]],
         attempts=row[_I["attempts"]],
         max_attempts=row[_I["max_attempts"]],

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from ._backoff import backoff_delay
-from ._rows import FIELD, claim_order_key, job_from_row
+from ._rows import FIELD, NO_PAYLOAD, claim_order_key, job_from_row
 from .errors import HandleConsumed, InvalidOptions
 from .model import Job, QueueStats, SweepResult
 from .schema import JOB_FIELDS
@@ -243,9 +243,6 @@ def _job_id(job_id: object) -> int:
     return job_id
 
 
-_UNSET: Any = object()
-
-
 class JobHandle:
     """One claim of one job. ``ack``/``retry``/``fail`` are one-shot; ``heartbeat`` repeats.
 
@@ -264,7 +261,7 @@ class JobHandle:
             self._row: tuple[Any, ...] = (row.id,) + tuple(getattr(row, f) for f in JOB_FIELDS[1:])
         else:
             self._job, self._row = None, row
-        self._payload: Any = _UNSET
+        self._payload: Any = NO_PAYLOAD
         self._consumed = False
 
     def __repr__(self) -> str:
@@ -286,7 +283,7 @@ class JobHandle:
         """The job's payload (decoded once, without building the whole Job)."""
         if self._job is not None:
             return self._job.payload
-        if self._payload is _UNSET:
+        if self._payload is NO_PAYLOAD:
             self._payload = v.decode_payload(self._row[FIELD["payload"]])
         return self._payload
 

@@ -15,6 +15,7 @@ from typing import Any
 from benchmarks import report as rpt
 from benchmarks.env import Env, Unavailable, make_env
 from benchmarks.floor import Floor
+from benchmarks.latency import run_latency
 from benchmarks.procs import ProcPool
 from benchmarks.runner import WARMUP, measure
 from benchmarks.scaling import run_scaling
@@ -63,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; 1 with --quick)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--skip-scaling", action="store_true", help="skip the 10k/100k/1M backlog run")
+    p.add_argument("--skip-latency", action="store_true",
+                   help="skip the wake latency / idle CPU measurement of a worker process")
     p.add_argument("--only", metavar="KEYS",
                    help="comma-separated workload keys to run (e.g. drain_one,enqueue_one)")
     args = p.parse_args(argv)
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK_SIZES if args.quick else SIZES
     scaling_cfg = QUICK_SCALING if args.quick else SCALING
     meta = machine_meta(args, engines)
-    report: dict[str, Any] = {"meta": meta, "results": [], "scaling": {}, "notes": rpt.NOTES}
+    report: dict[str, Any] = {"meta": meta, "results": [], "scaling": {}, "latency": {}, "notes": rpt.NOTES}
     started = time.perf_counter()
     pool: ProcPool | None = None
     try:
@@ -177,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 report["results"].extend(run_engine(env, sizes[kind], args.reps, pool, only))
                 if pool is not None:
                     pool.teardown()
+                if not args.skip_latency and only is None:
+                    report["latency"][kind] = run_latency(env, 30 if args.quick else 300, log)
                 if not args.skip_scaling:
                     report["scaling"][kind] = run_scaling(
                         env, scaling_cfg["sizes"], scaling_cfg["drain_jobs"][kind], args.reps, log

@@ -8,8 +8,9 @@ from typing import Any
 ENGINE_TITLES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 
 NOTES = [
-    "Wake latency (enqueue commit -> handler start, idle worker) is not measured: it was left "
-    "out of this harness, written before the worker existed.",
+    "Wake latency: enqueue commit -> handler start of an idle alk.Worker in another process "
+    "(poll interval 1 h, so only the wake can deliver), one job at a time with 20 ms gaps; idle "
+    "CPU: that worker's utime+stime over 10 s with nothing to do.",
     "Throughput in jobs/s, median over the repetitions. Both sides run interleaved in small "
     "steps (alternating which goes first); ratio = median over the repetitions of "
     "alkstore_sa / floor within the repetition. Read ratios, not absolutes: other processes "
@@ -84,6 +85,19 @@ def render(report: dict[str, Any]) -> str:
                 for key, text in s["plans"].items():
                     out.append(f"- {s['backlog_rows']:,} rows, `{key}`: {text}")
             out.append("")
+    latency = report.get("latency") or {}
+    if latency:
+        out.append("### Wake latency (enqueue commit → handler start, idle worker)")
+        out.append("")
+        out.append("| engine | alkstore_sa p50 / p99 | raw floor p50 / p99 | idle worker CPU |")
+        out.append("|---|---:|---|---:|")
+        for kind, r in latency.items():
+            a, f = r["alkstore"], r["floor"]
+            out.append(
+                f"| {ENGINE_TITLES[kind]} | {a['p50_ms']:.2f} / {a['p99_ms']:.2f} ms | "
+                f"{f['p50_ms']:.2f} / {f['p99_ms']:.2f} ms — {f['title']} | {a['idle_cpu_percent']:.2f}% of a core |"
+            )
+        out.append("")
     for note in NOTES:
         out.append(f"- {note}")
     return "\n".join(out) + "\n"

@@ -196,3 +196,13 @@ def test_handle_ops_on_database_clock(dbstore: alk.Store, qname: str) -> None:
     assert again is not None and again.id == a.id and again.job.attempts == 2
     assert again.job.errors[0]["error"] == "again"
     assert again.fail() is True
+
+
+def test_payload_and_job_agree_in_either_order(store: alk.Store, qname: str) -> None:
+    """The handle decodes lazily: reading .payload first, or .job first, gives the same value."""
+    q = store.queue(qname)
+    q.enqueue_many([{"a": [1, 2]}, {"b": None}])
+    first, second = q.claim_batch("w", 2)
+    assert first.payload == {"a": [1, 2]} and first.job.payload == {"a": [1, 2]}
+    assert second.job.payload == {"b": None} and second.payload == {"b": None}
+    assert first.job.id == first.id and first.job.attempts == 1
