@@ -16,14 +16,15 @@ from .errors import (
     StoreClosed,
 )
 from .locks import Lock
-from .model import Job, LockInfo, QueueStats, Schedule, SweepResult
+from .model import Event, Job, LockInfo, QueueStats, Schedule, SweepResult
 from .notify import Notification, Subscription
 from .outbox import Outbox
 from .queue import JobHandle, Queue, QueueOpts
 from .schema import metadata
 from .stop import StopToken
 from .store import Store
-from .transactional import enqueue, enqueue_many, get_job, notify, outbox_enqueue
+from .streams import Stream
+from .transactional import enqueue, enqueue_many, get_job, notify, outbox_enqueue, publish
 from .worker import Fail, Retry, Worker
 
 __version__ = "0.1.0"
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlkstoreError",
     "DatabaseError",
+    "Event",
     "Fail",
     "HandleConsumed",
     "InvalidName",
@@ -54,6 +56,7 @@ __all__ = [
     "Store",
     "StopToken",
     "StoreClosed",
+    "Stream",
     "Subscription",
     "SweepResult",
     "Worker",
@@ -62,5 +65,6 @@ __all__ = [
     "get_job",
     "notify",
     "outbox_enqueue",
+    "publish",
     "metadata",
 ]

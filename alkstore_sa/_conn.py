@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -101,10 +100,10 @@ class SessionExecutor:
         except Exception as exc:
             raise self._backend.translate_error(exc) from exc
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        with self._conn.begin_nested():
-            yield
+    def transaction(self) -> contextlib.nullcontext[None]:
+        """The caller's transaction is already the atomic unit (and SAVEPOINTs are unreliable
+        under pysqlite's transaction handling), so nothing is added."""
+        return contextlib.nullcontext()
 
 
 class _Held:

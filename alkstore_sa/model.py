@@ -86,3 +86,13 @@ class Schedule:
     next_fire_at: datetime
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Event:
+    """One stream event: its offset (strictly increasing per stream), payload and time."""
+
+    stream: str
+    offset: int
+    payload: Any
+    created_at: datetime

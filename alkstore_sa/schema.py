@@ -140,6 +140,33 @@ schedules = sa.Table(
 )
 sa.Index("alkstore_schedules_due_ix", schedules.c.next_fire_at)
 
+# Streams: an append-only log per stream name. Offsets come from the stream's counter row,
+# which each publish increments and keeps row-locked until its transaction ends, so
+# publishers of one stream commit in offset order and a reader can never pass a gap that a
+# slower publisher fills later.
+streams = sa.Table(
+    "alkstore_streams",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("last_offset", sa.BigInteger, nullable=False),
+)
+stream_events = sa.Table(
+    "alkstore_stream_events",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("offset", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+)
+stream_offsets = sa.Table(
+    "alkstore_stream_offsets",
+    metadata,
+    sa.Column("stream", sa.Text, primary_key=True),
+    sa.Column("consumer", sa.Text, primary_key=True),
+    sa.Column("offset", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
 JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns())
 """Column order of every job row read by the backends (state and dead-only fields follow)."""
 

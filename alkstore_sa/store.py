@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .queue import Queue
     from .scheduler import Scheduler
     from .stop import StopToken
+    from .streams import Stream
 
 Clock = Callable[[], float]
 DEFAULT_MAX_PAYLOAD = 1 << 20
@@ -145,6 +146,13 @@ class Store:
 
         self._check_open()
         return Lock(self, v.name(name, "lock name"))
+
+    def stream(self, name: str) -> Stream:
+        """A handle on the stream ``name``; writes nothing."""
+        from .streams import Stream
+
+        self._check_open()
+        return Stream(self, v.name(name, "stream name"))
 
     def outbox(self, name: str) -> Outbox:
         """A handle on the outbox ``name``; writes nothing."""

@@ -124,3 +124,14 @@ def outbox_enqueue(session: SessionLike, outbox: str, payload: Any) -> int:
     )
     params["payload"] = v.encode_payload(payload, store.max_payload_bytes)
     return store.backend.enqueue(store.session_executor(conn), params)
+
+
+def publish(session: SessionLike, stream: str, payload: Any) -> int:
+    """Append an event to ``stream`` in the caller's transaction; returns its offset. The
+    stream's counter stays locked until the caller's transaction ends (offsets commit in
+    order), so keep such transactions short."""
+    name = v.name(stream, "stream name")
+    conn = connection_of(session)
+    store = store_for(conn)
+    params = {"stream": name, "payload": v.encode_payload(payload, store.max_payload_bytes), "now": store.now()}
+    return store.backend.stream_publish(store.session_executor(conn), params)

@@ -17,7 +17,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 from ..errors import DatabaseError, NotInstalled
-from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, dead_jobs, jobs, locks, schedules
+from ..schema import (
+    DEFAULT_SCHEMA,
+    JOB_FIELDS,
+    dead_jobs,
+    jobs,
+    locks,
+    schedules,
+    stream_events,
+    stream_offsets,
+    streams,
+)
 
 # State values are inlined as literals (never bound): SQLite only uses a partial index
 # when the query's WHERE literally implies the index's WHERE.
@@ -125,6 +135,10 @@ class Backend:
 
     def wake_key(self, queue: str) -> str:
         """The key a queue's consumers wait on."""
+        raise NotImplementedError
+
+    def stream_wake_key(self, stream: str) -> str:
+        """The key a stream's subscribers wait on."""
         raise NotImplementedError
 
     def create_hub(self, engine: Any) -> Any:
@@ -613,6 +627,72 @@ class Backend:
     def next_fire(self, ex: Executor, params: Mapping[str, Any]) -> float | None:
         sql = self.sql("next_fire", lambda: sa.select(sa.func.min(schedules.c.next_fire_at)))
         return ex.rows(sql, params)[0][0]  # type: ignore[no-any-return]
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def _next_offset(self) -> Any:
+        """Increment the stream's counter (created at 1), returning the new offset; the row
+        lock it takes is held until the publishing transaction ends."""
+        ins = self.upsert(streams).values(name=bp("stream", sa.Text), last_offset=ONE)
+        return ins.on_conflict_do_update(
+            index_elements=[streams.c.name], set_={"last_offset": streams.c.last_offset + ONE}
+        ).returning(streams.c.last_offset)
+
+    def stream_publish(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        raise NotImplementedError
+
+    def stream_read(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        def build() -> sa.Executable:
+            e = stream_events
+            stmt = (
+                sa.select(e.c.offset, e.c.payload, e.c.created_at)
+                .where(e.c.stream == bp("stream", sa.Text), e.c.offset > bp("after", sa.BigInteger))
+                .order_by(e.c.offset)
+            )
+            return self.limit(stmt, "limit")
+
+        return ex.rows(self.sql("stream_read", build), params)
+
+    def stream_commit(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        def build() -> sa.Executable:
+            ins = self.upsert(stream_offsets).values(
+                stream=bp("stream", sa.Text),
+                consumer=bp("consumer", sa.Text),
+                offset=bp("offset", sa.BigInteger),
+                updated_at=self.now(),
+            )
+            return ins.on_conflict_do_update(
+                index_elements=[stream_offsets.c.stream, stream_offsets.c.consumer],
+                set_={"offset": ins.excluded.offset, "updated_at": ins.excluded.updated_at},
+            )
+
+        ex.rowcount(self.sql("stream_commit", build), params)
+
+    def stream_offset(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        sql = self.sql(
+            "stream_offset",
+            lambda: sa.select(stream_offsets.c.offset).where(
+                stream_offsets.c.stream == bp("stream", sa.Text),
+                stream_offsets.c.consumer == bp("consumer", sa.Text),
+            ),
+        )
+        rows = ex.rows(sql, params)
+        return int(rows[0][0]) if rows else 0
+
+    def stream_trim(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        sql = self.sql(
+            "stream_trim",
+            lambda: sa.delete(stream_events).where(
+                stream_events.c.stream == bp("stream", sa.Text),
+                stream_events.c.offset <= bp("offset", sa.BigInteger),
+            ),
+        )
+        return ex.rowcount(sql, params)
+
+    def stream_offsets(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, int]:
+        """Last offset of every stream (the SQLite watcher's change detection)."""
+        sql = self.sql("stream_offsets", lambda: sa.select(streams.c.name, streams.c.last_offset))
+        return {name: int(last) for name, last in ex.rows(sql, params)}
 
     def stats(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...]:
         def build() -> sa.Executable:

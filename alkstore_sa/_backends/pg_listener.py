@@ -65,6 +65,10 @@ class PgHub:
     def unwatch_queue(self, key: str, token: int) -> None:
         self.unsubscribe(key, token)
 
+    # a stream's publishes wake its subscribers exactly like enqueues wake a queue's consumers
+    watch_stream = watch_queue
+    unwatch_stream = unwatch_queue
+
     def close(self) -> None:
         self._closed.set()
         os.write(self._wake_w, b"x")

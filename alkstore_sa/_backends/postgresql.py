@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
-from ..schema import JOB_FIELDS, dead_jobs, jobs
+from ..schema import JOB_FIELDS, dead_jobs, jobs, stream_events
 from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, Backend, Executor, bp
 
 # sqlstates: undefined_table, invalid_schema_name
@@ -82,6 +82,21 @@ class PostgresBackend(Backend):
     def wake_key(self, queue: str) -> str:
         return _hashed("alkq_", self.schema, queue)
 
+    def stream_wake_key(self, stream: str) -> str:
+        return _hashed("alks_", self.schema, stream)
+
+    def stream_publish(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        def build() -> sa.Executable:
+            ctr = self._next_offset().cte("ctr")
+            ins = sa.insert(stream_events).from_select(
+                ["stream", "offset", "payload", "created_at"],
+                sa.select(bp("stream", sa.Text), ctr.c.last_offset, bp("payload", sa.Text), self.now()),
+            ).returning(stream_events.c.offset)
+            return self._with_wake(ins)
+
+        rows = ex.rows(self.sql("stream_publish", build), {**params, "wake": self.stream_wake_key(params["stream"])})
+        return int(rows[0][0])
+
     def create_hub(self, engine: Any) -> Any:
         from .pg_listener import PgHub
 
@@ -104,7 +119,7 @@ class PostgresBackend(Backend):
             ),
             "wake",
         )
-        return sa.select(ins.c.id).select_from(ins.join(wake, sa.true()))
+        return sa.select(*ins.c).select_from(ins.join(wake, sa.true()))
 
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
         def build() -> sa.Executable:

@@ -13,7 +13,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
-from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications
+from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications, stream_events
 from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, PROCESSING, ZERO, Backend, Executor, bp
 
 
@@ -94,10 +94,29 @@ class SQLiteBackend(Backend):
     def wake_key(self, queue: str) -> str:
         return queue  # the watcher sees committed jobs by queue name
 
+    def stream_wake_key(self, stream: str) -> str:
+        return stream  # the watcher sees each stream's counter move
+
+    def stream_publish(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        counter = self.sql("stream_publish:offset", self._next_offset)
+        insert = self.sql(
+            "stream_publish",
+            lambda: sa.insert(stream_events).values(
+                stream=bp("stream", sa.Text),
+                offset=bp("offset", sa.BigInteger),
+                payload=bp("payload", sa.Text),
+                created_at=self.now(),
+            ),
+        )
+        with ex.transaction():
+            offset = int(ex.rows(counter, params)[0][0])
+            ex.rowcount(insert, {**params, "offset": offset})
+        return offset
+
     def create_hub(self, engine: Any) -> Any:
         from .sqlite_watcher import SqliteHub
 
-        return SqliteHub(engine, self.sql)
+        return SqliteHub(engine, self)
 
     def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
         insert = self.sql(

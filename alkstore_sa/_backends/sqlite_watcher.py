@@ -32,11 +32,14 @@ SETTLE_RETRIES = (0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
 
 
 class SqliteHub:
-    def __init__(self, engine: Engine, sql: Callable[[str, Callable[[], Any]], str]) -> None:
+    def __init__(self, engine: Engine, backend: Any) -> None:
         self._engine = engine
         self.fanout = FanOut()
         self.queues = FanOut()
-        self._sql = sql
+        self.streams = FanOut()
+        self._stream_offsets: dict[str, int] = {}
+        self._backend = backend
+        self._sql = backend.sql
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         self._closed = threading.Event()
@@ -96,6 +99,14 @@ class SqliteHub:
     def unwatch_queue(self, key: str, token: int) -> None:
         self.queues.remove(key, token)
 
+    def watch_stream(self, key: str, wake: Callable[[], None]) -> int:
+        """Call ``wake()`` whenever an event is committed to stream ``key``."""
+        token, _ = self.streams.add(key, lambda _seq, _payload: wake())
+        return token
+
+    def unwatch_stream(self, key: str, token: int) -> None:
+        self.streams.remove(key, token)
+
     def close(self) -> None:
         self._closed.set()
         os.write(self._wake_w, b"x")
@@ -143,6 +154,7 @@ class SqliteHub:
         self._version = version
         self._read_notifications()
         self._read_jobs()
+        self._read_streams()
         return True
 
     def _read_notifications(self) -> None:
@@ -158,6 +170,15 @@ class SqliteHub:
         if rows:
             self._last_note = rows[-1][0]
 
+    def _read_streams(self) -> None:
+        if not self.streams.channel_keys():
+            return
+        offsets = self._backend.stream_offsets(_Plain(self._conn), {})
+        for name, last in offsets.items():
+            if last != self._stream_offsets.get(name):
+                self._stream_offsets[name] = last
+                self.streams.dispatch(name, last, "")
+
     def _read_jobs(self) -> None:
         seq = self._scalar(self._job_seq_sql()) or 0
         if seq <= self._last_job:
@@ -171,3 +192,13 @@ class SqliteHub:
         for (queue,) in self._conn.execute(sql, {"after": self._last_job}).fetchall():
             self.queues.dispatch(queue, 0, "")
         self._last_job = seq
+
+
+class _Plain:
+    """The watcher's own connection as a backend Executor (reads only)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def rows(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, params).fetchall()  # type: ignore[no-any-return]

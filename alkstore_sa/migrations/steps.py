@@ -47,7 +47,7 @@ def _partial(where: str) -> dict[str, Any]:
 
 def upgrade_v1(schema: str | None) -> None:
     """Live and dead job storage with the claim-path indexes, the SQLite notification
-    table, lock leases and schedules."""
+    table, lock leases, schedules and streams."""
     if schema is not None:
         op.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
     op.create_table(
@@ -131,9 +131,34 @@ def upgrade_v1(schema: str | None) -> None:
         schema=schema,
     )
     op.create_index("alkstore_schedules_due_ix", "alkstore_schedules", ["next_fire_at"], schema=schema)
+    op.create_table(
+        "alkstore_streams",
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("last_offset", sa.BigInteger, nullable=False),
+        schema=schema,
+    )
+    op.create_table(
+        "alkstore_stream_events",
+        sa.Column("stream", sa.Text, primary_key=True),
+        sa.Column("offset", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+        schema=schema,
+    )
+    op.create_table(
+        "alkstore_stream_offsets",
+        sa.Column("stream", sa.Text, primary_key=True),
+        sa.Column("consumer", sa.Text, primary_key=True),
+        sa.Column("offset", sa.BigInteger, nullable=False),
+        sa.Column("updated_at", sa.Double, nullable=False),
+        schema=schema,
+    )
 
 
 def downgrade_v1(schema: str | None) -> None:
+    op.drop_table("alkstore_stream_offsets", schema=schema)
+    op.drop_table("alkstore_stream_events", schema=schema)
+    op.drop_table("alkstore_streams", schema=schema)
     op.drop_table("alkstore_schedules", schema=schema)
     op.drop_table("alkstore_locks", schema=schema)
     op.drop_table("alkstore_notifications", schema=schema)

@@ -1,0 +1,133 @@
+"""Streams (SPEC §10): append-only logs with per-consumer committed offsets.
+
+Publishing increments the stream's counter row and keeps it locked until the publishing
+transaction ends, so publishers of one stream commit in offset order: once a reader has
+seen offset n, no event with an offset below n can still appear. That is the "a reader
+never skips an event" guarantee; its price is that publishers of the *same* stream
+serialize on their commits (different streams do not). Nothing is retained or trimmed
+automatically: ``trim_to`` is the bound, called deliberately (e.g. from a schedule).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import _validate as v
+from ._rows import ts
+from .errors import InvalidOptions
+from .model import Event
+from .stop import StopToken
+
+if TYPE_CHECKING:
+    from .store import Store
+
+_INT64_MAX = 2**63 - 1
+
+
+def _offset(value: object, what: str = "offset") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOptions(f"{what} must be an int, got {type(value).__name__}")
+    if value < 0 or value > _INT64_MAX:
+        raise InvalidOptions(f"{what} must be in [0, 2**63-1], got {value}")
+    return value
+
+
+class Stream:
+    """A handle on the stream ``name``; constructing it writes nothing."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Stream {self.name!r}>"
+
+    def publish(self, payload: Any) -> int:
+        """Append one event in its own transaction; returns its offset."""
+        self.store._check_open()
+        params = {
+            "stream": self.name,
+            "payload": v.encode_payload(payload, self.store.max_payload_bytes),
+            "now": self.store.now(),
+        }
+        with self.store.executor() as ex:
+            return self.store.backend.stream_publish(ex, params)
+
+    def read(self, after: int = 0, limit: int = 100) -> list[Event]:
+        """Events with offsets above ``after``, in offset order, at most ``limit``."""
+        self.store._check_open()
+        after = _offset(after, "after")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidOptions("limit must be a non-negative int")
+        if limit == 0:
+            return []
+        params = {"stream": self.name, "after": after, "limit": min(limit, v.INT32_MAX)}
+        with self.store.executor() as ex:
+            rows = self.store.backend.stream_read(ex, params)
+        return [
+            Event(self.name, int(offset), v.decode_payload(payload), ts(created))  # type: ignore[arg-type]
+            for offset, payload, created in rows
+        ]
+
+    def commit(self, consumer: str, offset: int) -> None:
+        """Record that ``consumer`` has processed everything up to ``offset``."""
+        self.store._check_open()
+        params = {
+            "stream": self.name,
+            "consumer": v.name(consumer, "consumer name"),
+            "offset": _offset(offset),
+            "now": self.store.now(),
+        }
+        with self.store.executor() as ex:
+            self.store.backend.stream_commit(ex, params)
+
+    def offset(self, consumer: str) -> int:
+        """``consumer``'s committed offset; 0 when it never committed."""
+        self.store._check_open()
+        params = {"stream": self.name, "consumer": v.name(consumer, "consumer name")}
+        with self.store.executor() as ex:
+            return self.store.backend.stream_offset(ex, params)
+
+    def trim_to(self, offset: int) -> int:
+        """Delete the events with offsets <= ``offset``; returns how many."""
+        self.store._check_open()
+        params = {"stream": self.name, "offset": _offset(offset)}
+        with self.store.executor() as ex:
+            return self.store.backend.stream_trim(ex, params)
+
+    def subscribe(
+        self, consumer: str, stop: StopToken, *, poll_interval: v.Duration = 5.0, batch: int = 100
+    ) -> Iterator[Event]:
+        """Events after ``consumer``'s committed offset, as they are published, until ``stop``.
+
+        Wake-driven (with a re-poll every ``poll_interval``). The position advances in
+        memory as events are yielded; call ``commit(consumer, event.offset)`` once an event
+        is processed so a restart resumes after it.
+        """
+        self.store._check_open()
+        consumer = v.name(consumer, "consumer name")
+        wait = v.duration(poll_interval, "poll_interval", inclusive=False)
+        return self._follow(consumer, stop, wait, batch)
+
+    def _follow(self, consumer: str, stop: StopToken, wait: float, batch: int) -> Iterator[Event]:
+        nudge = threading.Event()
+        stop.on_stop(nudge.set)
+        hub = self.store.hub()
+        key = self.store.backend.stream_wake_key(self.name)
+        token = hub.watch_stream(key, nudge.set)
+        try:
+            position = self.offset(consumer)
+            while not stop.stopped:
+                nudge.clear()
+                events = self.read(after=position, limit=batch)
+                for event in events:
+                    if stop.stopped:
+                        return
+                    position = event.offset
+                    yield event
+                if len(events) < batch:
+                    nudge.wait(wait)
+        finally:
+            hub.unwatch_stream(key, token)
