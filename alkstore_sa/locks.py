@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from .store import Store
 
 
+_NO_TTL = object()
+
+
 class Lock:
     """A handle on the lock ``name``; constructing it writes nothing."""
 
@@ -29,10 +32,10 @@ class Lock:
     def __repr__(self) -> str:
         return f"<alkstore_sa.Lock {self.name!r}>"
 
-    def _params(self, owner: object, ttl: object | None = None) -> dict[str, object]:
+    def _params(self, owner: object, ttl: object = _NO_TTL) -> dict[str, object]:
         self.store._check_open()
         params: dict[str, object] = {"name": self.name, "owner": v.worker_id(owner), "now": self.store.now()}
-        if ttl is not None:
+        if ttl is not _NO_TTL:  # acquire/renew: ttl=None is as invalid as ttl=-1
             params["ttl"] = v.duration(ttl, "ttl", inclusive=False)
         return params
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from ._rows import ts
-from .errors import InvalidSpec, LeadershipLost
+from .errors import AlkstoreError, InvalidSpec, LeadershipLost
 from .locks import Lock
 from .model import Schedule
 from .queue import DEFAULT_OPTS, enqueue_params
@@ -121,13 +121,18 @@ class Scheduler:
 
     def tick(self) -> int:
         """Fire every due boundary once; returns how many jobs were enqueued. Each schedule
-        fires in its own transaction (advance + enqueue commit together)."""
+        fires in its own transaction (advance + enqueue commit together), and one that fails
+        (logged, left due for the next tick) does not keep the others from firing."""
         backend = self.store.backend
         fired = 0
         with self.store.executor() as ex:
             now = backend.read_now(ex, self.store.now())
             for row in backend.schedule_list(ex, {"now": now}, due=True):
-                fired += self._fire(ex, schedule_from_row(row), row[8], now)
+                sched = schedule_from_row(row)
+                try:
+                    fired += self._fire(ex, sched, row[8], now)
+                except AlkstoreError as exc:
+                    log.error("schedule %r could not fire (%s); it stays due and is retried next tick", sched.name, exc)
         return fired
 
     def _fire(self, ex: Any, sched: Schedule, old: float, now: float) -> int:

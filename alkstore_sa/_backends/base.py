@@ -511,11 +511,13 @@ class Backend:
                 expires_at=now + sa.cast(bp("ttl", sa.Double), sa.Double),
             )
             same_owner = locks.c.owner == ins.excluded.owner
+            # re-acquiring a live lease of one's own extends it; a lapsed one starts anew
+            still_mine = sa.and_(same_owner, locks.c.expires_at > now)
             return ins.on_conflict_do_update(
                 index_elements=[locks.c.name],
                 set_={
                     "owner": ins.excluded.owner,
-                    "acquired_at": sa.case((same_owner, locks.c.acquired_at), else_=ins.excluded.acquired_at),
+                    "acquired_at": sa.case((still_mine, locks.c.acquired_at), else_=ins.excluded.acquired_at),
                     "expires_at": ins.excluded.expires_at,
                 },
                 where=sa.or_(locks.c.expires_at <= now, same_owner),

@@ -1,0 +1,716 @@
+"""The scheduler (SPEC §7) on both engines, mostly on the injected clock: the ``@every``
+grammar and its epoch-aligned boundary math, exactly one fire per elapsed boundary, the
+64-boundary catch-up cap and skip-forward, re-registration, unschedule, the stamps of fired
+jobs, fire + advance atomicity (a failing enqueue or advance rolls the whole fire back), a
+rogue second ticker firing nothing, the runner's leadership (LeadershipLost when its lease
+is stolen or lapses, a stop returns cleanly and releases), and the maintenance recipe end
+to end."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import alkstore_sa as alk
+from alkstore_sa.scheduler import (
+    LEADER_LOCK,
+    MAX_CATCHUP,
+    Scheduler,
+    fires_due,
+    next_boundary,
+    parse_spec,
+)
+from tests.support import FakeClock, Target
+
+T0 = 1_800_000_000.0  # FakeClock's start: a multiple of 60, 90, 300, 3600, 7200 (not of 86400)
+WAIT = 15.0  # every wait on a thread or a condition is bounded by this
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_schedules(request: pytest.FixtureRequest) -> None:
+    """Tests of one PostgreSQL module share a schema, and a tick fires *every* due
+    schedule: each database test starts with no schedules and no leadership lease."""
+    if "db" in request.fixturenames:
+        db: Target = request.getfixturevalue("db")
+        for table in ("alkstore_schedules", "alkstore_locks"):
+            db.execute(f"DELETE FROM {db.table(table)}")
+
+
+def jobs_of(db: Target, queue: str) -> list[dict[str, Any]]:
+    cols = [
+        "id", "payload", "priority", "max_attempts", "visibility_timeout", "backoff_base",
+        "dead_letter_retention", "created_at", "run_at", "expires_at", "state", "attempts",
+    ]
+    with db.engine.connect() as c:
+        rows = c.exec_driver_sql(
+            f"SELECT {', '.join(cols)} FROM {db.table('alkstore_jobs')} WHERE queue = %s ORDER BY id"
+            if db.kind == "postgresql"
+            else f"SELECT {', '.join(cols)} FROM {db.table('alkstore_jobs')} WHERE queue = ? ORDER BY id",
+            (queue,),
+        ).fetchall()
+    return [dict(zip(cols, r, strict=True)) for r in rows]
+
+
+def schedule_rows(db: Target) -> list[tuple[Any, ...]]:
+    with db.engine.connect() as c:
+        return [tuple(r) for r in c.exec_driver_sql(f"SELECT * FROM {db.table('alkstore_schedules')} ORDER BY name")]
+
+
+def the(store: alk.Store, name: str) -> alk.Schedule:
+    found = [s for s in store.schedules() if s.name == name]
+    assert len(found) == 1, store.schedules()
+    return found[0]
+
+
+def next_at(store: alk.Store, name: str) -> float:
+    return the(store, name).next_fire_at.timestamp()
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+# -- the grammar and the boundary math --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "seconds"),
+    [
+        ("@every 1s", 1), ("@every 90s", 90), ("@every 5m", 300), ("@every 2h", 7200),
+        ("@every 1d", 86400), ("@every 60s", 60), ("@every 007m", 420), ("@every 36525d", 36525 * 86400),
+    ],
+)
+def test_parse_spec_units(spec: str, seconds: int) -> None:
+    assert parse_spec(spec) == seconds
+
+
+BAD_SPECS: list[object] = [
+    "*/5 * * * *", "0 0 * * *", "@daily", "@hourly", "@every", "@every ",
+    "@every 0s", "@every 0d", "@every 00m", "@every 5", "@every 5x", "@every 5ms", "@every s",
+    "@every -5s", "@every +5s", "@every 1.5h", "@every 1e3s", "@every 5 s",
+    "@every  5s", " @every 5s", "@every 5s ", "@every5s", "@every\t5s", "@every 5s\n",
+    "@EVERY 5s", "@Every 5s", "@every 5S", "@every 5M", "@every 5H", "@every 5D",
+    "every 5s", "@every \uff15s", "@every 5s,10s", "@every 36526d", "@every 99999999999999999999d", "",
+    5, 5.0, None, b"@every 5s", ["@every 5s"], timedelta(seconds=5),
+]
+
+
+@pytest.mark.parametrize("spec", BAD_SPECS, ids=repr)
+def test_invalid_spec_raises_with_the_spec_and_writes_nothing(
+    db: Target, store: alk.Store, qname: str, spec: object
+) -> None:
+    with pytest.raises(alk.InvalidSpec) as info:
+        parse_spec(spec)
+    assert info.value.spec is spec
+    before = schedule_rows(db)
+    with pytest.raises(alk.InvalidSpec) as info:
+        store.schedule("bad-spec", spec, qname, {})  # type: ignore[arg-type]
+    assert info.value.spec is spec
+    assert isinstance(info.value, alk.AlkstoreError) and isinstance(info.value, ValueError)
+    assert schedule_rows(db) == before
+
+
+def test_next_boundary_is_epoch_aligned_and_strictly_after() -> None:
+    assert next_boundary(T0, 60) == T0 + 60  # on a boundary: the next one, not this one
+    assert next_boundary(T0 + 0.001, 60) == T0 + 60
+    assert next_boundary(T0 + 59.999, 60) == T0 + 60
+    assert next_boundary(T0 + 10, 90) == T0 + 90
+    assert next_boundary(T0 + 10, 300) == T0 + 300
+    assert next_boundary(T0 + 10, 7200) == T0 + 7200
+    day = next_boundary(T0 + 10, 86400)
+    assert day % 86400 == 0 and T0 < day <= T0 + 86400 and day == 1_800_057_600.0
+    assert fires_due(T0 + 60, T0 + 59, 60) == 0
+    assert fires_due(T0 + 60, T0 + 60, 60) == 1
+    assert fires_due(T0 + 60, T0 + 179.9, 60) == 2
+    assert fires_due(T0 + 60, T0 + 180, 60) == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected_next"),
+    [
+        ("@every 90s", T0 + 90),
+        ("@every 5m", T0 + 300),
+        ("@every 2h", T0 + 7200),
+        ("@every 1d", 1_800_057_600.0),  # the next UTC midnight
+    ],
+)
+def test_registration_sets_the_next_epoch_aligned_boundary(
+    store: alk.Store, clock: FakeClock, qname: str, spec: str, expected_next: float
+) -> None:
+    clock.advance(10)
+    store.schedule("b", spec, qname, {"spec": spec})
+    s = the(store, "b")
+    assert s.spec == spec and s.interval == parse_spec(spec) and s.queue == qname
+    assert s.payload == {"spec": spec}
+    assert s.next_fire_at.timestamp() == expected_next
+    assert s.next_fire_at.tzinfo is not None
+    assert s.created_at.timestamp() == s.updated_at.timestamp() == T0 + 10
+    # a second schedule registered later in the same interval gets the same boundary
+    clock.advance(parse_spec(spec) * 0.5)
+    if clock() < expected_next:
+        store.schedule("b2", spec, qname, {})
+        assert next_at(store, "b2") == expected_next
+
+
+def test_registered_exactly_on_a_boundary_waits_for_the_next(
+    store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    store.schedule("on-boundary", "@every 1m", qname, {})
+    assert next_at(store, "on-boundary") == T0 + 60
+    assert Scheduler(store).tick() == 0
+    assert jobs_of_queue(store, qname) == 0
+
+
+def jobs_of_queue(store: alk.Store, qname: str) -> int:
+    st = store.queue(qname).stats()
+    return st.pending + st.processing + st.dead
+
+
+# -- firing: once per boundary, catch-up, skip-forward ----------------------------------------
+
+
+def test_exactly_one_fire_per_elapsed_boundary(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    sch = Scheduler(store)
+    store.schedule("tenner", "@every 10s", qname, {"n": 1})
+    assert sch.tick() == 0
+    clock.advance(9.999)
+    assert sch.tick() == 0
+    clock.advance(0.001)  # exactly on the boundary T0+10
+    assert sch.tick() == 1
+    assert sch.tick() == 0  # same instant again: no double fire
+    assert next_at(store, "tenner") == T0 + 20
+    total = 1
+    for _ in range(40):  # uneven steps: sometimes no boundary, sometimes one, sometimes two
+        clock.advance(7.3)
+        total += sch.tick()
+        assert sch.tick() == 0
+    expected = math.floor((clock() - T0) / 10)
+    assert total == expected
+    assert len(jobs_of(db, qname)) == expected
+    assert next_at(store, "tenner") == next_boundary(clock(), 10)
+
+
+@pytest.mark.parametrize("missed", [1, 2, 63, 64, 65, 200])
+def test_catch_up_replays_up_to_64_then_skips_forward(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, missed: int, caplog
+) -> None:
+    assert MAX_CATCHUP == 64
+    sch = Scheduler(store)
+    store.schedule("minutely", "@every 1m", qname, {"m": missed})
+    clock.advance(60 * missed + 30)  # `missed` boundaries elapsed, now between two
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        fired = sch.tick()
+    assert fired == min(missed, 64)
+    jobs = jobs_of(db, qname)
+    assert len(jobs) == min(missed, 64)
+    assert all(j["payload"] == f'{{"m":{missed}}}' for j in jobs)
+    # the next boundary is the first one after now, whatever was skipped
+    assert next_at(store, "minutely") == T0 + 60 * (missed + 1)
+    skipped = max(0, missed - 64)
+    assert ("beyond the catch-up cap were skipped" in caplog.text) is (skipped > 0)
+    if skipped:
+        assert f"{skipped} missed boundaries" in caplog.text
+    assert sch.tick() == 0
+    clock.advance(30)  # exactly the next boundary
+    assert sch.tick() == 1
+    assert len(jobs_of(db, qname)) == min(missed, 64) + 1
+
+
+def test_each_schedule_catches_up_on_its_own(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    store.schedule("a-fast", "@every 1s", qname + "-a", {})
+    store.schedule("b-slow", "@every 1m", qname + "-b", {})
+    clock.advance(3 * 60)
+    assert Scheduler(store).tick() == 64 + 3
+    assert len(jobs_of(db, qname + "-a")) == 64
+    assert len(jobs_of(db, qname + "-b")) == 3
+
+
+def test_fired_jobs_carry_the_schedules_stamps_over_the_defaults(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    store.schedule(
+        "stamped", "@every 1m", qname, {"kind": "stamped"}, priority=7, max_attempts=9, expires=120
+    )
+    store.schedule("plain", "@every 1m", qname + "-plain", ["plain"])
+    clock.advance(60)
+    assert Scheduler(store).tick() == 2
+    (job,) = jobs_of(db, qname)
+    assert job["priority"] == 7 and job["max_attempts"] == 9
+    assert job["created_at"] == job["run_at"] == T0 + 60  # enqueued at the tick, ready now
+    assert job["expires_at"] == T0 + 60 + 120
+    assert job["visibility_timeout"] == 300 and job["backoff_base"] == 5  # the defaults
+    assert job["dead_letter_retention"] is None
+    assert job["state"] == "pending" and job["attempts"] == 0
+    got = store.get_job(job["id"])
+    assert got is not None and got.payload == {"kind": "stamped"} and got.queue == qname
+    (plain,) = jobs_of(db, qname + "-plain")
+    assert plain["priority"] == 0 and plain["max_attempts"] == 3 and plain["expires_at"] is None
+    # and the schedule lists them
+    s = the(store, "stamped")
+    assert (s.priority, s.max_attempts, s.expires) == (7, 9, 120.0)
+    p = the(store, "plain")
+    assert (p.priority, p.max_attempts, p.expires, p.payload) == (0, None, None, ["plain"])
+    # a fired job is an ordinary job: claimable in priority order
+    handle = store.queue(qname).claim_one("w")
+    assert handle is not None and handle.payload == {"kind": "stamped"} and handle.ack()
+
+
+# -- re-registration, unschedule, listing ------------------------------------------------------
+
+
+def test_reregistering_updates_and_keeps_the_boundary_when_the_interval_is_unchanged(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    sch = Scheduler(store)
+    store.schedule("r", "@every 1m", qname, {"v": 1})
+    clock.advance(30)
+    store.schedule("r", "@every 60s", qname + "-new", {"v": 2}, priority=5, max_attempts=2, expires=90)
+    s = the(store, "r")
+    assert s.next_fire_at.timestamp() == T0 + 60  # same interval: boundary kept
+    assert (s.spec, s.queue, s.payload, s.priority, s.max_attempts, s.expires) == (
+        "@every 60s", qname + "-new", {"v": 2}, 5, 2, 90.0,
+    )
+    assert s.created_at.timestamp() == T0 and s.updated_at.timestamp() == T0 + 30
+    assert len(store.schedules()) == 1  # an upsert, not a second schedule
+    clock.advance(30)
+    assert sch.tick() == 1
+    assert jobs_of(db, qname) == []
+    (job,) = jobs_of(db, qname + "-new")
+    assert (job["payload"], job["priority"], job["max_attempts"]) == ('{"v":2}', 5, 2)
+    assert job["expires_at"] == T0 + 60 + 90
+    # back to no options: they are cleared, not kept
+    store.schedule("r", "@every 1m", qname + "-new", {"v": 3})
+    s = the(store, "r")
+    assert (s.priority, s.max_attempts, s.expires) == (0, None, None)
+
+
+def test_reregistering_with_a_new_interval_recomputes_the_boundary(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    sch = Scheduler(store)
+    store.schedule("r", "@every 1m", qname, {})
+    clock.advance(70)  # T0+60 elapsed, unfired
+    store.schedule("r", "@every 1h", qname, {})
+    assert next_at(store, "r") == T0 + 3600  # recomputed from now; the missed minute is gone
+    assert sch.tick() == 0
+    clock.advance(3600 - 70)
+    assert sch.tick() == 1
+    store.schedule("r", "@every 90s", qname, {})
+    assert next_at(store, "r") == T0 + 3600 + 90
+    assert len(jobs_of(db, qname)) == 1
+
+
+def test_unschedule_stops_fires(db: Target, store: alk.Store, clock: FakeClock, qname: str) -> None:
+    sch = Scheduler(store)
+    store.schedule("u", "@every 1m", qname, {})
+    store.schedule("keep", "@every 1m", qname + "-keep", {})
+    clock.advance(60)
+    assert sch.tick() == 2
+    assert store.unschedule("u") is True
+    assert [s.name for s in store.schedules()] == ["keep"]
+    clock.advance(600)
+    assert sch.tick() == 10  # only "keep"'s ten boundaries
+    assert len(jobs_of(db, qname)) == 1
+    assert len(jobs_of(db, qname + "-keep")) == 11
+    assert store.unschedule("u") is False
+    assert store.unschedule("never-was") is False
+    # pause = unregister + re-register: it restarts from the next boundary after now
+    store.schedule("u", "@every 1m", qname, {})
+    assert next_at(store, "u") == next_boundary(clock(), 60)
+    assert sch.tick() == 0
+
+
+def test_schedules_lists_by_name(store: alk.Store, qname: str) -> None:
+    assert store.schedules() == []
+    for name in ("zeta", "Alpha", "mid", "alpha"):
+        store.schedule(name, "@every 5m", qname, {"name": name})
+    listed = store.schedules()
+    assert [s.name for s in listed] == sorted(["zeta", "Alpha", "mid", "alpha"])
+    assert all(isinstance(s, alk.Schedule) for s in listed)
+    assert {s.name: s.payload["name"] for s in listed} == {n: n for n in ("zeta", "Alpha", "mid", "alpha")}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"name": ""}, alk.InvalidName),
+        ({"name": "__alkstore_x"}, alk.InvalidName),
+        ({"name": None}, alk.InvalidName),
+        ({"queue": ""}, alk.InvalidName),
+        ({"queue": "__alkstore_outbox:x"}, alk.InvalidName),
+        ({"queue": 3}, alk.InvalidName),
+        ({"priority": 2**31}, alk.InvalidOptions),
+        ({"priority": True}, alk.InvalidOptions),
+        ({"max_attempts": 0}, alk.InvalidOptions),
+        ({"expires": 0}, alk.InvalidOptions),
+        ({"expires": math.nan}, alk.InvalidOptions),
+        ({"payload": {"x": math.nan}}, alk.PayloadError),
+        ({"payload": {1, 2}}, alk.PayloadError),
+    ],
+    ids=repr,
+)
+def test_schedule_validation_raises_typed_errors_and_writes_nothing(
+    db: Target, store: alk.Store, qname: str, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    args: dict[str, Any] = {"name": "v", "spec": "@every 1m", "queue": qname, "payload": {}}
+    args.update(kwargs)
+    before = schedule_rows(db)
+    with pytest.raises(error):
+        store.schedule(
+            args.pop("name"), args.pop("spec"), args.pop("queue"), args.pop("payload"), **args
+        )
+    assert schedule_rows(db) == before
+    with pytest.raises(alk.InvalidName):
+        store.unschedule("__alkstore_scheduler")
+
+
+# -- atomicity: the fire and the boundary advance commit together -----------------------------
+
+
+class FailingTrigger:
+    """A trigger that makes INSERTs into the job table (for one queue) or UPDATEs of the
+    schedule table (for one schedule) fail inside the database, dropped afterwards."""
+
+    def __init__(self, db: Target, table: str, event: str, column: str, value: str) -> None:
+        self.db, self.table, self.event, self.column, self.value = db, table, event, column, value
+        self.name = f"alk_test_fail_{event.lower()}"
+
+    def __enter__(self) -> FailingTrigger:
+        db, lit = self.db, self.value.replace("'", "''")
+        if db.kind == "sqlite":
+            db.execute(
+                f"CREATE TRIGGER {self.name} BEFORE {self.event} ON {db.table(self.table)} "
+                f"WHEN NEW.{self.column} = '{lit}' "
+                "BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END"
+            )
+        else:
+            fn = f'"{db.schema}".{self.name}'
+            db.execute(
+                f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+                "$body$ BEGIN RAISE EXCEPTION 'refused by the test trigger'; END $body$"
+            )
+            db.execute(
+                f"CREATE TRIGGER {self.name} BEFORE {self.event} ON {db.table(self.table)} "
+                f"FOR EACH ROW WHEN (NEW.{self.column} = '{lit}') EXECUTE FUNCTION {fn}()"
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        db = self.db
+        if db.kind == "sqlite":
+            db.execute(f"DROP TRIGGER IF EXISTS {self.name}")
+        else:
+            db.execute(f"DROP TRIGGER IF EXISTS {self.name} ON {db.table(self.table)}")
+            db.execute(f'DROP FUNCTION IF EXISTS "{db.schema}".{self.name}()')
+
+
+def test_a_failing_enqueue_rolls_the_advance_back(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sch = Scheduler(store)
+    store.schedule("atomic", "@every 1m", qname, {"x": 1})
+    clock.advance(3 * 60)  # three boundaries due
+    with FailingTrigger(db, "alkstore_jobs", "INSERT", "queue", qname), caplog.at_level("ERROR", "alkstore_sa"):
+        assert sch.tick() == 0  # the failure is logged, not raised: other schedules still fire
+    assert any("'atomic' could not fire" in r.getMessage() for r in caplog.records)
+    # the advance ran first and succeeded, then the enqueue failed: both rolled back
+    assert jobs_of(db, qname) == []
+    assert next_at(store, "atomic") == T0 + 60
+    # once the enqueue works again, the same boundaries fire, once each
+    assert sch.tick() == 3
+    assert len(jobs_of(db, qname)) == 3
+    assert next_at(store, "atomic") == T0 + 4 * 60
+    assert sch.tick() == 0
+
+
+def test_a_failing_advance_fires_nothing(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    sch = Scheduler(store)
+    store.schedule("stuck", "@every 1m", qname, {"x": 1})
+    store.schedule("healthy", "@every 1m", qname + "-ok", {"y": 1})
+    clock.advance(60)
+    with FailingTrigger(db, "alkstore_schedules", "UPDATE", "name", "stuck"):
+        assert sch.tick() == 1  # "healthy" fired; "stuck" failed alone
+    assert len(jobs_of(db, qname + "-ok")) == 1
+    assert jobs_of(db, qname) == []
+    assert next_at(store, "stuck") == T0 + 60
+    assert sch.tick() == 1
+    assert len(jobs_of(db, qname)) == 1
+
+
+def test_a_second_ticker_at_the_same_instant_fires_nothing(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    other = db.store(clock=clock)  # another Store: another process's scheduler, in real life
+    try:
+        store.schedule("once", "@every 1m", qname, {})
+        clock.advance(60)
+        assert Scheduler(store).tick() == 1
+        assert Scheduler(other).tick() == 0
+        assert len(jobs_of(db, qname)) == 1
+    finally:
+        other.close()
+
+
+def test_racing_tickers_that_both_saw_the_boundary_due_fire_it_once(
+    db: Target, clock: FakeClock, qname: str
+) -> None:
+    """Two schedulers both read the schedule as due, then race for the advance: the row-locked
+    advance (checking the boundary each read) lets exactly one of them fire. The test holds
+    the schedule table's write lock until both tickers are past their read."""
+    stores = [db.store(clock=clock) for _ in range(2)]
+    try:
+        stores[0].schedule("raced", "@every 1m", qname, {})
+        clock.advance(5 * 60)  # five boundaries due
+        results: list[Any] = []
+
+        def tick(s: alk.Store) -> None:
+            try:
+                results.append(Scheduler(s).tick())
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                results.append(exc)
+
+        threads = [threading.Thread(target=tick, args=(s,), daemon=True) for s in stores]
+        if db.kind == "postgresql":
+            blocker = db.engine.connect()
+            try:
+                blocker.exec_driver_sql(
+                    f"SELECT name FROM {db.table('alkstore_schedules')} WHERE name = 'raced' FOR UPDATE"
+                )
+                for t in threads:
+                    t.start()
+                wait_for(
+                    lambda: db.scalar(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE :q",
+                        q=f"%{db.schema}%alkstore_schedules%",
+                    ) == 2,
+                    "both tickers to wait on the schedule's row lock",
+                )
+                blocker.rollback()
+            finally:
+                blocker.close()
+        else:
+            path = db.engine.url.database
+            assert path
+            blocker = sqlite3.connect(path, isolation_level=None)
+            try:
+                blocker.execute("BEGIN IMMEDIATE")  # the writer lock: both ticks can only read
+                for t in threads:
+                    t.start()
+                time.sleep(0.5)  # both read the schedule as due, then wait for the writer lock
+                blocker.execute("ROLLBACK")
+            finally:
+                blocker.close()
+        for t in threads:
+            t.join(WAIT)
+        assert not any(t.is_alive() for t in threads)
+        assert sorted(results, key=repr) == [0, 5], results
+        assert len(jobs_of(db, qname)) == 5
+        assert next_at(stores[0], "raced") == T0 + 6 * 60
+    finally:
+        for s in stores:
+            s.close()
+
+
+# -- the runner: leadership, LeadershipLost, stop ---------------------------------------------
+
+
+class Runner:
+    """``store.run_schedules(stop, lease=...)`` in a thread; its outcome kept for the test."""
+
+    def __init__(self, store: alk.Store, lease: float) -> None:
+        self.stop = alk.StopToken()
+        self.outcome: list[Any] = []
+
+        def target() -> None:
+            try:
+                store.run_schedules(self.stop, lease=lease)
+                self.outcome.append("returned")
+            except BaseException as exc:  # noqa: BLE001 - inspected by the test
+                self.outcome.append(exc)
+
+        self.thread = threading.Thread(target=target, name="run_schedules", daemon=True)
+        self.thread.start()
+
+    def join(self) -> Any:
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "run_schedules did not return"
+        assert len(self.outcome) == 1
+        return self.outcome[0]
+
+    def close(self) -> None:
+        self.stop.stop()
+        self.thread.join(WAIT)
+
+
+@pytest.fixture
+def runners() -> Iterator[list[Runner]]:
+    started: list[Runner] = []
+    yield started
+    for r in started:
+        r.close()
+
+
+def leader(store: alk.Store) -> alk.LockInfo | None:
+    return alk.Lock(store, LEADER_LOCK).holder()
+
+
+def test_the_leader_lock_name_is_reserved(store: alk.Store) -> None:
+    assert LEADER_LOCK == "__alkstore_scheduler"
+    with pytest.raises(alk.InvalidName):
+        store.lock(LEADER_LOCK)
+
+
+def test_runner_fires_while_leading_and_a_stop_returns_cleanly_and_releases(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, runners: list[Runner]
+) -> None:
+    store.schedule("led", "@every 1s", qname, {"led": True})
+    r = Runner(store, lease=1.5)
+    runners.append(r)
+    held = wait_for(lambda: leader(store), "the runner to lead")
+    assert held.owner.startswith("scheduler-")
+    assert held.expires_at.timestamp() == T0 + 1.5
+    clock.advance(1.0)  # one boundary; the lease (renewed at T0) has 0.5 s left
+    wait_for(lambda: len(jobs_of(db, qname)) == 1, "the runner to fire the boundary")
+    wait_for(
+        lambda: (h := leader(store)) is not None and h.expires_at.timestamp() == T0 + 1.0 + 1.5,
+        "the runner to renew its lease at the new time",
+    )
+    r.stop.stop()
+    assert r.join() == "returned"
+    assert leader(store) is None  # released on stop, not left to lapse
+    assert len(jobs_of(db, qname)) == 1
+
+
+def test_leadership_lost_when_the_lease_is_stolen(
+    store: alk.Store, clock: FakeClock, runners: list[Runner]
+) -> None:
+    r = Runner(store, lease=0.3)  # renews every 0.1 s (real time) on a frozen clock
+    runners.append(r)
+    first = wait_for(lambda: leader(store), "the runner to lead")
+    clock.advance(1.0)  # the lease lapses (nobody renews a lapsed lease) ...
+    thief = alk.Lock(store, LEADER_LOCK)
+    assert thief.acquire("thief", 60)  # ... and another owner takes it
+    outcome = r.join()
+    assert isinstance(outcome, alk.LeadershipLost), outcome
+    # the loser did not touch the new holder's lease
+    h = leader(store)
+    assert h is not None and h.owner == "thief" and h.owner != first.owner
+    assert h.expires_at.timestamp() == clock() + 60
+
+
+def test_leadership_lost_when_the_lease_lapsed_before_renewal(
+    store: alk.Store, clock: FakeClock, runners: list[Runner]
+) -> None:
+    r = Runner(store, lease=0.3)
+    runners.append(r)
+    wait_for(lambda: leader(store), "the runner to lead")
+    clock.advance(0.3)  # lapsed exactly at the deadline; nobody else takes it
+    outcome = r.join()
+    assert isinstance(outcome, alk.LeadershipLost), outcome
+    assert leader(store) is None
+
+
+def test_a_waiting_runner_takes_over_after_a_stop_and_a_stop_while_waiting_returns(
+    db: Target, store: alk.Store, clock: FakeClock, runners: list[Runner]
+) -> None:
+    other = db.store(clock=clock)
+    try:
+        a = Runner(store, lease=0.6)
+        runners.append(a)
+        first = wait_for(lambda: leader(store), "runner a to lead")
+        b = Runner(other, lease=0.6)
+        runners.append(b)
+        time.sleep(0.5)  # b tries to acquire a few times (every 0.2 s) and waits
+        assert leader(store).owner == first.owner  # type: ignore[union-attr]
+        a.stop.stop()
+        assert a.join() == "returned"
+        second = wait_for(
+            lambda: (h := leader(store)) is not None and h.owner != first.owner and h,
+            "runner b to take over",
+        )
+        # a third runner that never leads: its stop returns and leaves b's lease alone
+        c = Runner(store, lease=0.6)
+        runners.append(c)
+        time.sleep(0.3)
+        c.stop.stop()
+        assert c.join() == "returned"
+        assert leader(store).owner == second.owner  # type: ignore[union-attr]
+        b.stop.stop()
+        assert b.join() == "returned"
+        assert leader(store) is None
+    finally:
+        other.close()
+
+
+def test_run_schedules_validates_the_lease(store: alk.Store) -> None:
+    for bad in (0, -1, math.nan, "30"):
+        with pytest.raises(alk.InvalidOptions):
+            store.run_schedules(alk.StopToken(), lease=bad)  # type: ignore[arg-type]
+    assert leader(store) is None
+
+
+# -- the maintenance recipe ------------------------------------------------------------------
+
+
+def test_maintenance_recipe_moves_an_expired_job_to_dead(
+    db: Target, dbstore: alk.Store, qname: str
+) -> None:
+    """SPEC §7's recipe on the database clock, end to end: one schedule fires into a
+    maintenance queue; its worker calls ``sweep_expired`` on each queue it names."""
+    work, maintenance = qname + "-work", qname + "-maintenance"
+    doomed = dbstore.queue(work).enqueue({"too": "late"}, expires=0.2)
+    keeper = dbstore.queue(work).enqueue({"no": "expiry"})
+    dbstore.schedule("maintenance", "@every 1s", maintenance, {"queues": [work]})
+    swept: list[alk.SweepResult] = []
+
+    def maintain(job: alk.Job) -> None:
+        for name in job.payload["queues"]:
+            swept.append(dbstore.queue(name).sweep_expired())
+
+    stop = alk.StopToken()
+    worker = alk.Worker(dbstore, maintenance, maintain, concurrency=1, poll_interval=0.2, shutdown_grace=5)
+    threads = [
+        threading.Thread(target=dbstore.run_schedules, args=(stop,), kwargs={"lease": 3.0}, daemon=True),
+        threading.Thread(target=worker.run, args=(stop,), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        dead = wait_for(
+            lambda: (j := dbstore.get_job(doomed)) is not None and j.state == "dead" and j,
+            "the maintenance job to sweep the expired job",
+            timeout=20,
+        )
+        assert dead.last_error == "expired" and dead.died_at is not None
+        assert any(s.expired == 1 for s in swept)
+        kept = dbstore.get_job(keeper)
+        assert kept is not None and kept.state == "pending"
+    finally:
+        stop.stop()
+        for t in threads:
+            t.join(WAIT)
+    assert not any(t.is_alive() for t in threads)
+    assert worker.processed >= 1
+    assert leader(dbstore) is None
