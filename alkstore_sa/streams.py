@@ -109,6 +109,7 @@ class Stream:
         self.store._check_open()
         consumer = v.name(consumer, "consumer name")
         wait = v.duration(poll_interval, "poll_interval", inclusive=False)
+        v.int32(batch, "batch", minimum=1)
         return self._follow(consumer, stop, wait, batch)
 
     def _follow(self, consumer: str, stop: StopToken, wait: float, batch: int) -> Iterator[Event]:

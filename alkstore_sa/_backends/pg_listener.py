@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from .._fanout import Deliver, FanOut
-from ..errors import DatabaseError
+from ..errors import DatabaseError, StoreClosed
 
 log = logging.getLogger("alkstore_sa")
 
@@ -34,6 +34,7 @@ class PgHub:
         self._queue_keys: set[str] = set()
         self._commands: queue.SimpleQueue[tuple[str, str, threading.Event]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
+        self._pipe_lock = threading.Lock()  # no write to the pipe once close() closed it
         self._closed = threading.Event()
         self._conn: Any = None
         self._listening: set[str] = set()
@@ -43,6 +44,8 @@ class PgHub:
     # -- caller side -------------------------------------------------------------------
 
     def subscribe(self, key: str, deliver: Deliver) -> int:
+        if self._closed.is_set():
+            raise StoreClosed()
         token, first = self.fanout.add(key, deliver)
         if first:
             done = threading.Event()
@@ -70,16 +73,29 @@ class PgHub:
     unwatch_stream = unwatch_queue
 
     def close(self) -> None:
-        self._closed.set()
-        os.write(self._wake_w, b"x")
+        """Stop the listener; queue and stream watchers get one last wake so that waiting
+        loops notice the closed store now rather than at their next re-poll."""
+        with self._pipe_lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            os.write(self._wake_w, b"x")
         self._thread.join(timeout=5)
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._pipe_lock:
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+        for key in list(self._queue_keys):
+            self.fanout.dispatch(key, 0, "")
 
     def _send(self, op: str, key: str, done: threading.Event) -> None:
-        self._commands.put((op, key, done))
-        os.write(self._wake_w, b"x")
+        with self._pipe_lock:
+            if self._closed.is_set():
+                done.set()  # nothing to LISTEN/UNLISTEN any more
+                return
+            self._commands.put((op, key, done))
+            os.write(self._wake_w, b"x")
 
     # -- listener thread ---------------------------------------------------------------
 

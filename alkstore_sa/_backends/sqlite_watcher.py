@@ -108,6 +108,10 @@ class SqliteHub:
         self.streams.remove(key, token)
 
     def close(self) -> None:
+        """Stop watching; queue and stream watchers get one last wake so that waiting loops
+        notice the closed store now rather than at their next re-poll."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=5)
@@ -117,6 +121,8 @@ class SqliteHub:
             os.close(fd)
         with contextlib.suppress(Exception):
             self._conn.close()
+        self.queues.dispatch_all()
+        self.streams.dispatch_all()
 
     # -- watcher thread ------------------------------------------------------------------
 
