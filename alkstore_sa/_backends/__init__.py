@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import InvalidOptions
 from .base import Backend, Executor
 from .postgresql import PostgresBackend
 from .sqlite import SQLiteBackend
@@ -14,7 +15,7 @@ def backend_for(dialect_name: str, schema: str) -> Backend:
     try:
         cls = _BACKENDS[dialect_name]
     except KeyError:
-        raise NotImplementedError(
+        raise InvalidOptions(
             f"alkstore_sa supports PostgreSQL (psycopg 3) and SQLite, not {dialect_name!r}"
         ) from None
     return cls(schema)

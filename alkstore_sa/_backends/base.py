@@ -9,6 +9,7 @@ Statements shared by both engines live here; each engine overrides what differs.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
@@ -63,7 +64,7 @@ LIVE_COLUMNS = [jobs.c[f] for f in JOB_FIELDS] + [jobs.c.state]
 DEAD_COLUMNS = [dead_jobs.c[f] for f in JOB_FIELDS] + [DEAD, dead_jobs.c.last_error, dead_jobs.c.died_at]
 
 
-class Backend:
+class Backend(abc.ABC):
     """Dialect-specific SQL for every operation; subclasses fill in what differs."""
 
     name: ClassVar[str]
@@ -75,24 +76,26 @@ class Backend:
 
     # -- hooks -----------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def compile_dialect(self) -> Dialect:
-        raise NotImplementedError
+        """The dialect statements are compiled for (the driver's parameter style)."""
 
+    @abc.abstractmethod
     def target_schema(self) -> str:
         """What the declared ``alkstore`` schema is rendered as."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def now(self) -> sa.ColumnElement[float]:
         """The operation's single time reading: the ``now`` parameter, or the database clock."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def is_missing_table(self, exc: BaseException) -> bool:
-        raise NotImplementedError
+        """Whether a driver error means the alkstore tables are not installed."""
 
+    @abc.abstractmethod
     def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
         """``errors`` (a JSON array as text) with ``{attempt, error, at}`` appended, built in
         SQL so the entry's time is the operation's clock reading."""
-        raise NotImplementedError
 
     def errors_after(self, src: Any) -> sa.ColumnElement[str]:
         """The history after an op that may carry an error (``:error`` NULL = nothing to add)."""
@@ -101,12 +104,13 @@ class Backend:
             else_=self.append_error(src.c.errors, src.c.attempts),
         )
 
+    @abc.abstractmethod
     def prepare_connection(self, dbapi_conn: Any) -> Any:
         """Put a driver connection in autocommit mode; return what restores it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
-        raise NotImplementedError
+        """Undo ``prepare_connection`` before the connection goes back to the engine's pool."""
 
     # A write transaction on one of the store's own (autocommit) connections.
     BEGIN = "BEGIN"
@@ -123,30 +127,31 @@ class Backend:
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         return False
 
+    @abc.abstractmethod
     def upsert(self, table: sa.Table) -> Any:
         """The dialect's INSERT construct that supports ON CONFLICT."""
-        raise NotImplementedError
 
     # -- notify / wake ---------------------------------------------------------------------
 
+    @abc.abstractmethod
     def channel_key(self, channel: str) -> str:
         """How a user channel name is addressed by this engine's transport."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def wake_key(self, queue: str) -> str:
         """The key a queue's consumers wait on."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def stream_wake_key(self, stream: str) -> str:
         """The key a stream's subscribers wait on."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def create_hub(self, engine: Any) -> Any:
         """The store's listener (PostgreSQL) or watcher (SQLite)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        ...
 
     def _with_wake(self, insert: Any) -> sa.Executable:
         """An enqueue INSERT ... RETURNING id, plus whatever wakes the queue on commit."""
@@ -243,8 +248,9 @@ class Backend:
         )
         return ex.rows(sql, params)[0][0]
 
+    @abc.abstractmethod
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
-        raise NotImplementedError
+        ...
 
     def _enqueue_many_from(self, source: Any, value: Any, order: Any) -> sa.Executable:
         values = self._enqueue_values(value)
@@ -256,8 +262,9 @@ class Backend:
 
     # -- claim -----------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
+        ...
 
     def _claimable(self) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two candidate scans, each an ordered index range: ready pending rows, and
@@ -333,14 +340,15 @@ class Backend:
         )
         return ex.rowcount(sql, params) == 1
 
+    @abc.abstractmethod
     def bury(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         """Move one claimed job to dead (fail, or retry at budget), atomically."""
-        raise NotImplementedError
 
     # -- queue operations ------------------------------------------------------------------
 
+    @abc.abstractmethod
     def ack_batch(self, ex: Executor, params: Mapping[str, Any]) -> int:
-        raise NotImplementedError
+        ...
 
     def _ack_batch(self, id_match: sa.ColumnElement[bool]) -> sa.Executable:
         return sa.delete(jobs).where(
@@ -400,8 +408,9 @@ class Backend:
             payload, priority = rows[0]
             return self.enqueue(ex, {**params, "payload": payload, "priority": priority})
 
+    @abc.abstractmethod
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
-        raise NotImplementedError
+        ...
 
     def _expired(self) -> sa.ColumnElement[bool]:
         return sa.and_(jobs.c.queue == bp("queue", sa.Text), jobs.c.expires_at <= self.now())
@@ -640,8 +649,9 @@ class Backend:
             index_elements=[streams.c.name], set_={"last_offset": streams.c.last_offset + ONE}
         ).returning(streams.c.last_offset)
 
+    @abc.abstractmethod
     def stream_publish(self, ex: Executor, params: Mapping[str, Any]) -> int:
-        raise NotImplementedError
+        ...
 
     def stream_read(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         def build() -> sa.Executable:
