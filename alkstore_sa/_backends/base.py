@@ -151,7 +151,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
-        ...
+        """Send ``:payload`` on ``:channel`` (delivered when the executor's transaction commits)."""
 
     def _with_wake(self, insert: Any) -> sa.Executable:
         """An enqueue INSERT ... RETURNING id, plus whatever wakes the queue on commit."""
@@ -250,7 +250,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
-        ...
+        """Insert one job per payload text in one statement; ids in payload order."""
 
     def _enqueue_many_from(self, source: Any, value: Any, order: Any) -> sa.Executable:
         values = self._enqueue_values(value)
@@ -264,7 +264,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        ...
+        """Move exhausted reclaimables to dead, then claim up to ``:n`` jobs, atomically."""
 
     def _claimable(self) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two candidate scans, each an ordered index range: ready pending rows, and
@@ -348,7 +348,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def ack_batch(self, ex: Executor, params: Mapping[str, Any]) -> int:
-        ...
+        """Delete each of ``:ids`` processing under an unexpired claim in ``:queue``."""
 
     def _ack_batch(self, id_match: sa.ColumnElement[bool]) -> sa.Executable:
         return sa.delete(jobs).where(
@@ -410,7 +410,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
-        ...
+        """Move expired rows to dead and purge dead rows past retention; (expired, purged)."""
 
     def _expired(self) -> sa.ColumnElement[bool]:
         return sa.and_(jobs.c.queue == bp("queue", sa.Text), jobs.c.expires_at <= self.now())
@@ -651,7 +651,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def stream_publish(self, ex: Executor, params: Mapping[str, Any]) -> int:
-        ...
+        """Append ``:payload`` to ``:stream`` at the next offset (commit-ordered); the offset."""
 
     def stream_read(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         def build() -> sa.Executable:
