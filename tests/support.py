@@ -6,8 +6,11 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -105,3 +108,18 @@ def drop_pg_schema(target: Target) -> None:
     with target.engine.begin() as c:
         c.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{target.schema}" CASCADE')
     target.engine.dispose()
+
+
+WAIT = 15.0  # deadline of any single wait in the tests (a hang fails; never a speed claim)
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    """Poll ``cond`` until it returns something truthy (returned), or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)

@@ -16,15 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import alkstore_sa as alk
 from alkstore_sa.scheduler import LEADER_LOCK
-from tests.support import Target
+from tests.support import Target, wait_for
 
 ALKSTORE = str(Path(sys.executable).parent / "alkstore")
 LEASE = 2.0
@@ -33,15 +31,6 @@ SLACK = 1.0  # process scheduling on a loaded 2-core CI machine
 LEADS = re.compile(r"scheduler (\S+) leads")
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def fired(db: Target, queue: str) -> list[tuple[int, float]]:

@@ -18,9 +18,7 @@ from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from alkstore_sa.outbox import backing_queue_name
-from tests.support import FakeClock, Target
-
-WAIT = 15.0
+from tests.support import WAIT, FakeClock, Target, wait_for
 
 
 @pytest.fixture
@@ -29,15 +27,6 @@ def obname(request: pytest.FixtureRequest) -> str:
     return "ob-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def counts(ob: alk.Outbox) -> tuple[int, int, int]:

@@ -13,7 +13,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -28,10 +28,9 @@ from alkstore_sa.scheduler import (
     next_boundary,
     parse_spec,
 )
-from tests.support import FakeClock, Target
+from tests.support import WAIT, FakeClock, Target, wait_for
 
 T0 = 1_800_000_000.0  # FakeClock's start: a multiple of 60, 90, 300, 3600, 7200 (not of 86400)
-WAIT = 15.0  # every wait on a thread or a condition is bounded by this
 
 
 @pytest.fixture(autouse=True)
@@ -74,15 +73,6 @@ def next_at(store: alk.Store, name: str) -> float:
     return the(store, name).next_fire_at.timestamp()
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 # -- the grammar and the boundary math --------------------------------------------------------

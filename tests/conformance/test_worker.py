@@ -24,20 +24,7 @@ from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from tests.concurrency import harness, wake_workers
-from tests.support import FakeClock, Target
-
-WAIT = 15.0  # deadline of any single wait in these tests (never a speed claim)
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
+from tests.support import WAIT, FakeClock, Target, wait_for
 
 
 class Running:
@@ -160,7 +147,7 @@ def test_handler_outcomes_map_to_queue_operations(
         ) and len(calls) == len(ids) + 2
 
     with running(w) as r:
-        wait_for("every job to be handled and its outcome recorded", settled)
+        wait_for(settled, "every job to be handled and its outcome recorded")
         time.sleep(0.3)  # a few more idle loops: nothing is handled twice
         r.stop_and_join()
 
@@ -227,7 +214,7 @@ def test_empty_exception_message_still_records_an_error(store: alk.Store, qname:
         raise KeyError()
 
     with running(alk.Worker(store, q, handler, concurrency=1)) as r:
-        wait_for("the retry", lambda: (j := q.get_job(job_id)) is not None and j.state == "pending" and j.errors)
+        wait_for(lambda: (j := q.get_job(job_id)) is not None and j.state == "pending" and j.errors, "the retry")
         r.stop_and_join()
     job = q.get_job(job_id)
     assert job is not None and job.errors[-1]["error"]  # never an empty error text
@@ -264,7 +251,7 @@ def test_long_handler_is_kept_alive_by_auto_heartbeat(dbstore: alk.Store, qname:
             f"the claim lapsed under a running handler: a rival reclaimed the job (as attempts "
             f"{stolen}) — the automatic heartbeat came too late for visibility_timeout={visibility}"
         )
-        wait_for("the ack", lambda: q.get_job(job_id) is None)
+        wait_for(lambda: q.get_job(job_id) is None, "the ack")
         r.stop_and_join()
     assert attempts == [1]
     assert q.stats().dead == 0
@@ -293,9 +280,9 @@ def test_worker_does_not_ack_a_claim_it_lost(dbstore: alk.Store, qname: str, cap
     with running(w) as r:
         assert started.wait(WAIT)
         assert q.cancel(job_id) is True  # the claim is gone under the running handler
-        wait_for("the heartbeat to notice the lost claim", lambda: logged("claim lost"))
+        wait_for(lambda: logged("claim lost"), "the heartbeat to notice the lost claim")
         release.set()
-        wait_for("the worker to give the job up", lambda: logged("not ack"))
+        wait_for(lambda: logged("not ack"), "the worker to give the job up")
         r.stop_and_join()
     acked = [
         rec for rec in caplog.records
@@ -328,10 +315,7 @@ def test_late_outcome_of_a_reclaimed_job_is_refused(
         assert rival is not None and rival.id == job_id and rival.job.attempts == 2
         release.set()
         assert returned.wait(WAIT)
-        wait_for(
-            "the worker to report its refused ack",
-            lambda: any(f"job {job_id}: ack refused" in rec.getMessage() for rec in caplog.records),
-        )
+        wait_for(lambda: any(f"job {job_id}: ack refused" in rec.getMessage() for rec in caplog.records), "the worker to report its refused ack")
         r.stop_and_join()
     job = q.get_job(job_id)
     assert job is not None and job.state == "processing" and job.worker_id == "rival" and job.attempts == 2
@@ -359,7 +343,7 @@ def test_stop_finishes_in_flight_jobs_and_claims_no_more(
 
     w = alk.Worker(store, q, handler, concurrency=3, poll_interval=0.2, shutdown_grace=WAIT)
     with running(w) as r:
-        wait_for("three jobs in flight", lambda: len(started) == 3)
+        wait_for(lambda: len(started) == 3, "three jobs in flight")
         r.stop.stop()
         r.thread.join(0.5)
         assert r.thread.is_alive(), "run() returned while its jobs were still running"
@@ -425,7 +409,7 @@ def test_in_process_enqueue_wakes_an_idle_worker(db: Target, dbstore: alk.Store,
                 alk.enqueue(session, qname, {"n": 1})
                 session.commit()
         assert handled.wait(5), "the idle worker was not woken by the enqueue"
-        wait_for("the ack", lambda: q.stats().processing == 0 and q.stats().pending == 0)
+        wait_for(lambda: q.stats().processing == 0 and q.stats().pending == 0, "the ack")
         r.stop_and_join()
 
 
