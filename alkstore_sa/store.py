@@ -77,6 +77,7 @@ class Store:
         self._hub_lock = threading.Lock()
         self._closed = False
         self._schema_checked = False
+        self._extra_pools: list[Any] = []
         _register(self)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -102,6 +103,18 @@ class Store:
         self._conns.close()
         if self._owns_engine:
             self.engine.dispose()
+
+    def register(self, engine: Any) -> None:
+        """Also serve ``alk.enqueue(session, ...)`` and the other transactional functions
+        on sessions bound to ``engine`` — another Engine on the same database, or an
+        ``AsyncEngine`` (call them through ``await session.run_sync(alk.enqueue, ...)``)."""
+        self._check_open()
+        sync_engine = getattr(engine, "sync_engine", engine)
+        if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
+            raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
+        with _registry_lock:
+            _registry[sync_engine.pool] = self
+            self._extra_pools.append(sync_engine.pool)
 
     def __enter__(self) -> Store:
         return self
@@ -309,8 +322,9 @@ def _register(store: Store) -> None:
 
 def _unregister(store: Store) -> None:
     with _registry_lock:
-        if _registry.get(store.engine.pool) is store:
-            del _registry[store.engine.pool]
+        for pool in [store.engine.pool, *store._extra_pools]:
+            if _registry.get(pool) is store:
+                del _registry[pool]
 
 
 class _DefaultStore:
