@@ -190,8 +190,8 @@ class Backend(abc.ABC):
 
     # -- shared predicates -----------------------------------------------------------------
 
-    def not_expired(self) -> sa.ColumnElement[bool]:
-        return sa.or_(jobs.c.expires_at.is_(None), jobs.c.expires_at > self.now())
+    def not_expired(self, t: Any = jobs) -> sa.ColumnElement[bool]:
+        return sa.or_(t.c.expires_at.is_(None), t.c.expires_at > self.now())
 
     def this_claim(self) -> sa.ColumnElement[bool]:
         """The validity predicate: processing under *this* claim, deadline not passed.
@@ -266,48 +266,49 @@ class Backend(abc.ABC):
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Move exhausted reclaimables to dead, then claim up to ``:n`` jobs, atomically."""
 
-    def _claimable(self) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    def _claimable(self, t: Any = jobs) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two candidate scans, each an ordered index range: ready pending rows, and
-        processing rows whose claim lapsed with attempts left (reclaims)."""
+        processing rows whose claim lapsed with attempts left (reclaims). ``t`` may be an
+        alias of the jobs table (shorter SQL: see PostgresBackend.claim)."""
         now = self.now()
-        order = (jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
-        cols = (jobs.c.id, jobs.c.priority, jobs.c.run_at)
-        queue = jobs.c.queue == bp("queue", sa.Text)
+        order = (t.c.priority.desc(), t.c.run_at, t.c.id)
+        cols = (t.c.id, t.c.priority, t.c.run_at)
+        queue = t.c.queue == bp("queue", sa.Text)
         pending = (
             sa.select(*cols)
-            .where(queue, jobs.c.state == PENDING, jobs.c.run_at <= now, self.not_expired())
+            .where(queue, t.c.state == PENDING, t.c.run_at <= now, self.not_expired(t))
             .order_by(*order)
         )
         lapsed = (
             sa.select(*cols)
             .where(
                 queue,
-                jobs.c.state == PROCESSING,
-                jobs.c.claim_expires_at <= now,
-                jobs.c.attempts < jobs.c.max_attempts,
-                self.not_expired(),
+                t.c.state == PROCESSING,
+                t.c.claim_expires_at <= now,
+                t.c.attempts < t.c.max_attempts,
+                self.not_expired(t),
             )
             .order_by(*order)
         )
         return self.limit(pending, "n"), self.limit(lapsed, "n")
 
-    def _exhausted(self) -> sa.ColumnElement[bool]:
+    def _exhausted(self, t: Any = jobs) -> sa.ColumnElement[bool]:
         """Reclaimable rows that already used every attempt: they go dead before a claim."""
         return sa.and_(
-            jobs.c.queue == bp("queue", sa.Text),
-            jobs.c.state == PROCESSING,
-            jobs.c.claim_expires_at <= self.now(),
-            jobs.c.attempts >= jobs.c.max_attempts,
-            self.not_expired(),
+            t.c.queue == bp("queue", sa.Text),
+            t.c.state == PROCESSING,
+            t.c.claim_expires_at <= self.now(),
+            t.c.attempts >= t.c.max_attempts,
+            self.not_expired(t),
         )
 
-    def _claim_values(self) -> dict[str, Any]:
+    def _claim_values(self, t: Any = jobs) -> dict[str, Any]:
         now = self.now()
         return {
             "state": PROCESSING,
-            "attempts": jobs.c.attempts + ONE,
+            "attempts": t.c.attempts + ONE,
             "claimed_at": now,
-            "claim_expires_at": now + jobs.c.visibility_timeout,
+            "claim_expires_at": now + t.c.visibility_timeout,
             "worker_id": bp("worker_id", sa.Text),
         }
 

@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
 from ..schema import JOB_FIELDS, dead_jobs, jobs, stream_events
-from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, Backend, Executor, bp
+from .base import EXHAUSTED_SQL, EXPIRED_SQL, Backend, Executor, bp
 
 # sqlstates: undefined_table, invalid_schema_name
 _MISSING = {"42P01", "3F000"}
@@ -45,8 +45,10 @@ class PostgresBackend(Backend):
 
     def now(self) -> sa.ColumnElement[float]:
         # statement_timestamp() is fixed for the whole statement: one clock reading per op.
+        # (no CAST on the parameter: coalesce() types it from the double precision beside
+        # it, and the claim's SQL must stay under psycopg's 4 KiB parse-cache limit)
         return sa.func.coalesce(
-            sa.cast(bp("now", sa.Double), sa.Double),
+            bp("now", sa.Double),
             sa.func.date_part(sa.literal_column("'epoch'"), sa.func.statement_timestamp()),
         )
 
@@ -136,22 +138,26 @@ class PostgresBackend(Backend):
 
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         def build() -> sa.Executable:
+            # The scans read an alias: psycopg caches its parse of a query only up to 4 KiB,
+            # and schema-qualified column names everywhere would push the claim past that.
+            j = jobs.alias("j")
             # 1. exhausted reclaimables move to dead in the same statement as the claim
             exhausted = _materialized(
-                sa.select(jobs.c.id).where(self._exhausted()).with_for_update(skip_locked=True),
+                sa.select(j.c.id).where(self._exhausted(j)).with_for_update(skip_locked=True),
                 "exhausted",
             )
+            g = jobs.alias("g")
             gone = (
-                sa.delete(jobs)
-                .where(jobs.c.id.in_(sa.select(exhausted.c.id)))
-                .returning(*[jobs.c[f] for f in JOB_FIELDS])
+                sa.delete(g)
+                .where(g.c.id.in_(sa.select(exhausted.c.id)))
+                .returning(*[g.c[f] for f in JOB_FIELDS])
                 .cte("gone")
             )
             buried = sa.insert(dead_jobs).from_select(
                 self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(gone, EXHAUSTED_SQL))
             ).cte("buried")
             # 2. each candidate scan locks what it takes and skips what others hold
-            pending, lapsed = self._claimable()
+            pending, lapsed = self._claimable(j)
             pend = _materialized(pending.with_for_update(skip_locked=True), "pend")
             recl = _materialized(lapsed.with_for_update(skip_locked=True), "recl")
             both = sa.union_all(sa.select(pend), sa.select(recl)).subquery("cand")
@@ -161,11 +167,12 @@ class PostgresBackend(Backend):
                 .limit(bp("n", sa.Integer)),
                 "picked",
             )
+            u = jobs.alias("u")
             return (
-                sa.update(jobs)
-                .where(jobs.c.id == picked.c.id)
-                .values(self._claim_values())
-                .returning(*LIVE_COLUMNS)
+                sa.update(u)
+                .where(u.c.id == picked.c.id)
+                .values(self._claim_values(u))
+                .returning(*[u.c[f] for f in JOB_FIELDS], u.c.state)
                 .add_cte(buried)
             )
 
