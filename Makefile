@@ -22,6 +22,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check alkstore_sa tests benchmarks examples
+	$(VENV)/bin/mypy alkstore_sa
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
