@@ -146,7 +146,7 @@ class PostgresBackend(Backend):
                 sa.select(j.c.id).where(self._exhausted(j)).with_for_update(skip_locked=True),
                 "exhausted",
             )
-            g = jobs.alias("g")
+            g: Any = jobs.alias("g")  # an Alias at run time; typed as a NamedFromClause
             gone = (
                 sa.delete(g)
                 .where(g.c.id.in_(sa.select(exhausted.c.id)))
@@ -167,7 +167,7 @@ class PostgresBackend(Backend):
                 .limit(bp("n", sa.Integer)),
                 "picked",
             )
-            u = jobs.alias("u")
+            u: Any = jobs.alias("u")
             return (
                 sa.update(u)
                 .where(u.c.id == picked.c.id)
