@@ -91,6 +91,14 @@ def int32(value: object, what: str, *, minimum: int = INT32_MIN) -> int:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+def job_id(value: object) -> int:
+    """A job id argument: an int (not a bool). Out-of-range ids are valid input that
+    matches no job (see ``in_int64``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOptions(f"job id must be an int, got {type(value).__name__}")
+    return value
+
+
 def in_int64(job_id: int) -> bool:
     """Whether an id can exist at all (job ids are signed 64-bit)."""
     return INT64_MIN <= job_id <= INT64_MAX

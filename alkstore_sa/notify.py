@@ -48,7 +48,6 @@ class Subscription:
 
     def __init__(self, store: Store, channel: str) -> None:
         self.channel = channel
-        self._store = store
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._key = store.backend.channel_key(channel)
         self._hub = store.hub()

@@ -165,7 +165,7 @@ class Queue:
         self.store._check_open()
         if isinstance(ids, (str, bytes)):
             raise InvalidOptions("ids must be an iterable of ints")
-        checked = [_job_id(i) for i in ids]
+        checked = [v.job_id(i) for i in ids]
         wanted = sorted({i for i in checked if v.in_int64(i)})
         if not wanted:
             return 0
@@ -176,7 +176,7 @@ class Queue:
     def cancel(self, job_id: int) -> bool:
         """Delete a live job of this queue, pending or processing (not an interrupt)."""
         self.store._check_open()
-        job_id = _job_id(job_id)
+        job_id = v.job_id(job_id)
         if not v.in_int64(job_id):
             return False
         with self.store.executor() as ex:
@@ -185,7 +185,7 @@ class Queue:
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id (id-global: any queue), live or dead."""
         self.store._check_open()
-        job_id = _job_id(job_id)
+        job_id = v.job_id(job_id)
         return self.store.get_job(job_id) if v.in_int64(job_id) else None
 
     def dead_jobs(self, limit: int = 100, before_id: int | None = None) -> list[Job]:
@@ -194,7 +194,7 @@ class Queue:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidOptions("limit must be a non-negative int")
         if before_id is not None:
-            before_id = _job_id(before_id)
+            before_id = v.job_id(before_id)
             before_id = max(min(before_id, v.INT64_MAX), v.INT64_MIN)
         if limit == 0:
             return []
@@ -207,7 +207,7 @@ class Queue:
         """Move a dead job of this queue back as a fresh job (new id, this handle's stamps,
         the dead job's payload and priority), in one transaction; None if there is none."""
         self.store._check_open()
-        job_id = _job_id(job_id)
+        job_id = v.job_id(job_id)
         if not v.in_int64(job_id):
             return None
         params = enqueue_params(
@@ -235,12 +235,6 @@ class Queue:
             )
         age = None if oldest is None else max(0.0, now - oldest)
         return QueueStats(pending=pending, ready=ready, processing=processing, dead=dead, oldest_ready_age=age)
-
-
-def _job_id(job_id: object) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise InvalidOptions(f"job id must be an int, got {type(job_id).__name__}")
-    return job_id
 
 
 class JobHandle:

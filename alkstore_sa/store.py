@@ -255,7 +255,7 @@ class Store:
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id, live or dead, in any queue; None when there is none."""
         self._check_open()
-        job_id = check_job_id(job_id)
+        job_id = v.job_id(job_id)
         if not v.in_int64(job_id):
             return None
         with self.executor() as ex:
@@ -300,12 +300,6 @@ class Store:
     def session_executor(self, conn: Connection) -> SessionExecutor:
         self._check_open()
         return SessionExecutor(conn, self.backend)
-
-
-def check_job_id(job_id: object) -> int:
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise InvalidOptions(f"job id must be an int, got {type(job_id).__name__}")
-    return job_id
 
 
 # -- registry: engine (by its pool, so Engine.execution_options() copies match) → Store ------

@@ -16,7 +16,7 @@ from ._rows import job_from_row
 from .errors import InvalidOptions
 from .model import Job
 from .queue import DEFAULT_OPTS, Queue, encode_all, enqueue_params
-from .store import Store, _DefaultStore, check_job_id, store_for
+from .store import Store, _DefaultStore, store_for
 
 SessionLike = Union[Session, "scoped_session[Any]", Connection]
 
@@ -94,7 +94,7 @@ def enqueue_many(
 def get_job(session: SessionLike, queue: str | Queue, job_id: int) -> Job | None:
     """Read a job of this queue (live or dead) in the caller's transaction."""
     conn, store, name, _ = _target(session, queue, allow_reserved=True)
-    job_id = check_job_id(job_id)
+    job_id = v.job_id(job_id)
     if not v.in_int64(job_id):
         return None
     row = store.backend.get_job(store.session_executor(conn), {"id": job_id, "queue": name}, by_queue=True)

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import _validate as v
@@ -56,7 +56,6 @@ class _InFlight:
     handle: JobHandle
     next_beat: float
     lost: bool = False
-    started: float = field(default_factory=time.monotonic)
 
 
 def default_worker_id() -> str:

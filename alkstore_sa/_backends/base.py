@@ -10,7 +10,7 @@ Statements shared by both engines live here; each engine overrides what differs.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
@@ -252,7 +252,8 @@ class Backend(abc.ABC):
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
         """Insert one job per payload text in one statement; ids in payload order."""
 
-    def _enqueue_many_from(self, source: Any, value: Any, order: Any) -> sa.Executable:
+    def _enqueue_many_from(self, value: Any, order: Any) -> sa.Executable:
+        """INSERT … SELECT of one job per ``value`` of a table-valued source, in ``order``."""
         values = self._enqueue_values(value)
         return self._with_wake(
             sa.insert(jobs)
@@ -729,7 +730,3 @@ class Backend(abc.ABC):
 
         return ex.rows(self.sql("stats", build), params)[0]
 
-
-def chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(seq), size):
-        yield seq[i : i + size]

@@ -130,7 +130,7 @@ class PostgresBackend(Backend):
                 .table_valued("value", with_ordinality="ord")
                 .render_derived()
             )
-            return self._enqueue_many_from(src, src.c.value, src.c.ord)
+            return self._enqueue_many_from(src.c.value, src.c.ord)
 
         rows = ex.rows(self.sql("enqueue_many", build), {**params, "payloads": payloads})
         # one INSERT ... SELECT in ordinality order: sequence values follow the input order

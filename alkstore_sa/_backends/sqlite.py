@@ -145,7 +145,7 @@ class SQLiteBackend(Backend):
 
         def build() -> sa.Executable:
             src = sa.func.json_each(bp("payloads", sa.Text)).table_valued("value", "key")
-            return self._enqueue_many_from(src, src.c.value, src.c.key)
+            return self._enqueue_many_from(src.c.value, src.c.key)
 
         rows = ex.rows(self.sql("enqueue_many", build), {**params, "payloads": json.dumps(payloads)})
         return sorted(r[0] for r in rows)
