@@ -13,7 +13,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
 from ..schema import JOB_FIELDS, dead_jobs, jobs, stream_events
-from .base import EXHAUSTED_SQL, EXPIRED_SQL, Backend, Executor, bp
+from .base import Backend
+from .sql import EXHAUSTED_SQL, EXPIRED_SQL, Executor, bp
 
 # sqlstates: undefined_table, invalid_schema_name
 _MISSING = {"42P01", "3F000"}

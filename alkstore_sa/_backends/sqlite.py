@@ -14,7 +14,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
 from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications, stream_events
-from .base import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, PROCESSING, ZERO, Backend, Executor, bp
+from .base import Backend
+from .sql import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, PROCESSING, ZERO, Executor, bp
 
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):

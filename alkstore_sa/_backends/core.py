@@ -1,0 +1,180 @@
+"""The core every backend module builds on: the dialect hooks an engine implements, the
+statement compiler and its cache, error translation, and the shared predicates.
+
+Statements are SQLAlchemy Core expressions, compiled once per backend (dialect + schema)
+into driver SQL and cached; operations then run that SQL on an Executor, which is either
+one of the store's own driver connections (autocommit, so a single-statement operation is
+one round trip) or the caller's SQLAlchemy Connection (the caller's transaction)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+
+from ..errors import DatabaseError, NotInstalled
+from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, jobs
+from .sql import PROCESSING, Executor, bp
+
+
+class Core(abc.ABC):
+    """Dialect hooks, statement compilation, error translation and the predicates every
+    operation module builds on."""
+
+    name: ClassVar[str]
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = schema
+        self._sql: dict[str, str] = {}
+        self.dialect = self.compile_dialect()
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def compile_dialect(self) -> Dialect:
+        """The dialect statements are compiled for (the driver's parameter style)."""
+
+    @abc.abstractmethod
+    def target_schema(self) -> str:
+        """What the declared ``alkstore`` schema is rendered as."""
+
+    @abc.abstractmethod
+    def now(self) -> sa.ColumnElement[float]:
+        """The operation's single time reading: the ``now`` parameter, or the database clock."""
+
+    @abc.abstractmethod
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """Whether a driver error means the alkstore tables are not installed."""
+
+    @abc.abstractmethod
+    def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
+        """``errors`` (a JSON array as text) with ``{attempt, error, at}`` appended, built in
+        SQL so the entry's time is the operation's clock reading."""
+
+    def errors_after(self, src: Any) -> sa.ColumnElement[str]:
+        """The history after an op that may carry an error (``:error`` NULL = nothing to add)."""
+        return sa.case(
+            (bp("error", sa.Text).is_(None), src.c.errors),
+            else_=self.append_error(src.c.errors, src.c.attempts),
+        )
+
+    @abc.abstractmethod
+    def prepare_connection(self, dbapi_conn: Any) -> Any:
+        """Put a driver connection in autocommit mode; return what restores it."""
+
+    @abc.abstractmethod
+    def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
+        """Undo ``prepare_connection`` before the connection goes back to the engine's pool."""
+
+    # A write transaction on one of the store's own (autocommit) connections.
+    BEGIN = "BEGIN"
+
+    def begin(self, dbapi_conn: Any) -> None:
+        dbapi_conn.execute(self.BEGIN)
+
+    def commit(self, dbapi_conn: Any) -> None:
+        dbapi_conn.execute("COMMIT")
+
+    def rollback(self, dbapi_conn: Any) -> None:
+        dbapi_conn.execute("ROLLBACK")
+
+    def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
+        return False
+
+    @abc.abstractmethod
+    def upsert(self, table: sa.Table) -> Any:
+        """The dialect's INSERT construct that supports ON CONFLICT."""
+
+    # -- notify / wake ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def channel_key(self, channel: str) -> str:
+        """How a user channel name is addressed by this engine's transport."""
+
+    @abc.abstractmethod
+    def wake_key(self, queue: str) -> str:
+        """The key a queue's consumers wait on."""
+
+    @abc.abstractmethod
+    def stream_wake_key(self, stream: str) -> str:
+        """The key a stream's subscribers wait on."""
+
+    @abc.abstractmethod
+    def create_hub(self, engine: Any) -> Any:
+        """The store's listener (PostgreSQL) or watcher (SQLite)."""
+
+    @abc.abstractmethod
+    def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        """Send ``:payload`` on ``:channel`` (delivered when the executor's transaction commits)."""
+
+    def _with_wake(self, insert: Any) -> sa.Executable:
+        """An enqueue INSERT ... RETURNING id, plus whatever wakes the queue on commit."""
+        return insert  # type: ignore[no-any-return]
+
+    def limit(self, stmt: sa.Select[Any], key: str) -> sa.Select[Any]:
+        """``LIMIT :key`` with a bound limit."""
+        return stmt.limit(bp(key, sa.Integer))
+
+    # -- compilation -----------------------------------------------------------------------
+
+    def sql(self, key: str, build: Callable[[], Any]) -> str:
+        """Driver SQL for a statement, compiled once per backend and reused."""
+        text = self._sql.get(key)
+        if text is None:
+            compiled = build().compile(
+                dialect=self.dialect,
+                schema_translate_map={DEFAULT_SCHEMA: self.target_schema()},
+                render_schema_translate=True,
+            )
+            anonymous = [b.key for b in compiled.binds.values() if b.unique]
+            if anonymous:  # a literal became an anonymous parameter the executor never passes
+                raise AssertionError(f"statement {key!r} has anonymous parameters {anonymous}")
+            self._sql[key] = text = compiled.string
+        return text
+
+    def translate_error(self, exc: BaseException) -> BaseException:
+        """The one place driver exceptions become alkstore errors."""
+        orig = getattr(exc, "orig", None) or exc
+        if self.is_missing_table(orig):
+            err: BaseException = NotInstalled()
+        else:
+            err = DatabaseError(f"{type(orig).__name__}: {orig}".strip(), orig=orig)
+        err.__cause__ = exc
+        return err
+
+    # -- shared predicates -----------------------------------------------------------------
+
+    def not_expired(self, t: Any = jobs) -> sa.ColumnElement[bool]:
+        return sa.or_(t.c.expires_at.is_(None), t.c.expires_at > self.now())
+
+    def this_claim(self) -> sa.ColumnElement[bool]:
+        """The validity predicate: processing under *this* claim, deadline not passed.
+
+        The attempt number identifies the claim (every claim increments it; no other
+        transition touches it), so two workers with the same worker_id cannot act on each
+        other's claims, and a reclaim invalidates the earlier holder atomically.
+        """
+        return sa.and_(
+            jobs.c.id == bp("id", sa.BigInteger),
+            jobs.c.state == PROCESSING,
+            jobs.c.attempts == bp("attempts", sa.Integer),
+            jobs.c.claim_expires_at > self.now(),
+        )
+
+    def dead_values(self, src: Any, last_error: Any, errors: Any = None) -> list[Any]:
+        """Columns for an INSERT INTO dead SELECT from a live-shaped source ``src``."""
+        cols = [src.c[f] for f in JOB_FIELDS if f != "errors"]
+        return cols + [src.c.errors if errors is None else errors, last_error, self.now()]
+
+    DEAD_INSERT_COLUMNS = [f for f in JOB_FIELDS if f != "errors"] + ["errors", "last_error", "died_at"]
+
+    # -- clock -----------------------------------------------------------------------------
+
+    def read_now(self, ex: Executor, now: float | None) -> float:
+        """The operation's time as a number: the injected reading, or one database read."""
+        if now is not None:
+            return now
+        return float(ex.rows(self.sql("now", lambda: sa.select(self.now())), {"now": None})[0][0])

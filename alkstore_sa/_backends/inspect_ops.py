@@ -1,0 +1,114 @@
+"""Read-only queue views: the next due time, per-queue stats, the operator's overview."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..schema import dead_jobs, jobs
+from .core import Core
+from .sql import NEXT_DUE_PRIORITIES, ONE, PENDING, PROCESSING, ZERO, Executor, bp
+
+
+class InspectOps(Core):
+    """Read-only queue views: the next due time, per-queue stats, the operator's overview."""
+
+    def next_due(self, ex: Executor, params: Mapping[str, Any]) -> float | None:
+        """Seconds until the queue's next pending job becomes ready or its next claim lapses
+        (None: neither exists); lets an idle consumer sleep exactly that long.
+
+        The pending side is a loose index scan over the claim index: one probe per distinct
+        priority (the first ``run_at`` of each), for the top ``NEXT_DUE_PRIORITIES``
+        priorities — never a scan of the backlog.
+        """
+
+        def build() -> sa.Executable:
+            queue = bp("queue", sa.Text)
+            pending = sa.and_(jobs.c.queue == queue, jobs.c.state == PENDING)
+            prios = (
+                sa.select(sa.func.max(jobs.c.priority).label("p"), ONE.label("depth"))
+                .where(pending)
+                .cte("prios", recursive=True)
+            )
+            lower = (
+                sa.select(sa.func.max(jobs.c.priority))
+                .where(pending, jobs.c.priority < prios.c.p)
+                .scalar_subquery()
+            )
+            prios = prios.union_all(
+                sa.select(lower, prios.c.depth + ONE).where(
+                    prios.c.p.is_not(None),
+                    prios.c.depth < sa.literal_column(str(NEXT_DUE_PRIORITIES)),
+                )
+            )
+            first_run_at = (
+                sa.select(sa.func.min(jobs.c.run_at))
+                .where(pending, jobs.c.priority == prios.c.p)
+                .scalar_subquery()
+            )
+            next_run = sa.select(sa.func.min(first_run_at)).where(prios.c.p.is_not(None)).scalar_subquery()
+            next_lapse = (
+                sa.select(sa.func.min(jobs.c.claim_expires_at))
+                .where(jobs.c.queue == queue, jobs.c.state == PROCESSING)
+                .scalar_subquery()
+            )
+            return sa.select(next_run, next_lapse, self.now())
+
+        next_run, next_lapse, now = ex.rows(self.sql("next_due", build), params)[0]
+        times = [t for t in (next_run, next_lapse) if t is not None]
+        return None if not times else max(0.0, min(times) - now)
+
+    def overview(self, ex: Executor, params: Mapping[str, Any]) -> dict[Any, list[Any]]:
+        """Per queue: [pending, ready, processing, dead, oldest ready run_at], plus ``now``
+        under the key None — one grouped pass over each table (an operator's command)."""
+
+        def live() -> sa.Executable:
+            now = self.now()
+            ready = sa.and_(jobs.c.state == PENDING, jobs.c.run_at <= now, self.not_expired())
+
+            def count(cond: Any) -> Any:
+                return sa.func.coalesce(sa.func.sum(sa.case((cond, ONE), else_=ZERO)), ZERO)
+
+            return sa.select(
+                jobs.c.queue,
+                count(jobs.c.state == PENDING),
+                count(ready),
+                count(jobs.c.state == PROCESSING),
+                sa.func.min(sa.case((ready, jobs.c.run_at), else_=sa.null())),
+                now,
+            ).group_by(jobs.c.queue)
+
+        def dead() -> sa.Executable:
+            return sa.select(dead_jobs.c.queue, sa.func.count()).group_by(dead_jobs.c.queue)
+
+        result: dict[Any, list[Any]] = {None: [params.get("now")]}
+        for queue, pending, ready, processing, oldest, now in ex.rows(self.sql("overview:live", live), params):
+            result[queue] = [pending, ready, processing, 0, oldest]
+            result[None] = [now]
+        for queue, n in ex.rows(self.sql("overview:dead", dead), params):
+            result.setdefault(queue, [0, 0, 0, 0, None])[3] = n
+        return result
+
+    def stats(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        def build() -> sa.Executable:
+            now = self.now()
+            queue = bp("queue", sa.Text)
+            ready = sa.and_(
+                jobs.c.queue == queue, jobs.c.state == PENDING, jobs.c.run_at <= now, self.not_expired()
+            )
+
+            def scalar(expr: Any, *where: Any, table: Any = jobs) -> Any:
+                return sa.select(expr).select_from(table).where(*where).scalar_subquery()
+
+            return sa.select(
+                scalar(sa.func.count(), jobs.c.queue == queue, jobs.c.state == PENDING),
+                scalar(sa.func.count(), ready),
+                scalar(sa.func.min(jobs.c.run_at), ready),
+                scalar(sa.func.count(), jobs.c.queue == queue, jobs.c.state == PROCESSING),
+                scalar(sa.func.count(), dead_jobs.c.queue == queue, table=dead_jobs),
+                now,
+            )
+
+        return ex.rows(self.sql("stats", build), params)[0]

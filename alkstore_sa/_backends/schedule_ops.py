@@ -1,0 +1,92 @@
+"""Schedule rows: upsert, delete, list, and the conditional boundary advance."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..schema import schedules
+from .core import Core
+from .sql import Executor, bp
+
+
+class ScheduleOps(Core):
+    """Schedule rows: upsert, delete, list, and the conditional boundary advance."""
+
+    # -- schedules -------------------------------------------------------------------------
+
+    SCHEDULE_COLUMNS = [
+        schedules.c.name, schedules.c.spec, schedules.c.interval, schedules.c.queue,
+        schedules.c.payload, schedules.c.priority, schedules.c.max_attempts, schedules.c.expires,
+        schedules.c.next_fire_at, schedules.c.created_at, schedules.c.updated_at,
+    ]
+
+    def schedule_upsert(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        """Create or update by name; the next boundary is kept unless the interval changed."""
+
+        def build() -> sa.Executable:
+            ins = self.upsert(schedules).values(
+                name=bp("name", sa.Text),
+                spec=bp("spec", sa.Text),
+                interval=bp("interval", sa.Double),
+                queue=bp("queue", sa.Text),
+                payload=bp("payload", sa.Text),
+                priority=bp("priority", sa.Integer),
+                max_attempts=sa.cast(bp("max_attempts", sa.Integer), sa.Integer),
+                expires=sa.cast(bp("expires", sa.Double), sa.Double),
+                next_fire_at=bp("next_fire_at", sa.Double),
+                created_at=bp("now", sa.Double),
+                updated_at=bp("now", sa.Double),
+            )
+            x = ins.excluded
+            return ins.on_conflict_do_update(
+                index_elements=[schedules.c.name],
+                set_={
+                    "spec": x.spec, "interval": x.interval, "queue": x.queue, "payload": x.payload,
+                    "priority": x.priority, "max_attempts": x.max_attempts, "expires": x.expires,
+                    "updated_at": x.updated_at,
+                    "next_fire_at": sa.case(
+                        (schedules.c.interval == x.interval, schedules.c.next_fire_at),
+                        else_=x.next_fire_at,
+                    ),
+                },
+            )
+
+        ex.rowcount(self.sql("schedule_upsert", build), params)
+
+    def schedule_delete(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        sql = self.sql(
+            "schedule_delete", lambda: sa.delete(schedules).where(schedules.c.name == bp("name", sa.Text))
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def schedule_list(self, ex: Executor, params: Mapping[str, Any], *, due: bool) -> list[tuple[Any, ...]]:
+        """All schedules by name, or those whose next boundary is <= ``:now``."""
+
+        def build() -> sa.Executable:
+            stmt = sa.select(*self.SCHEDULE_COLUMNS).order_by(schedules.c.name)
+            if due:
+                stmt = stmt.where(schedules.c.next_fire_at <= bp("now", sa.Double))
+            return stmt
+
+        return ex.rows(self.sql(f"schedule_list:{due}", build), params)
+
+    def schedule_advance(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        """Move a schedule's boundary from ``:old`` to ``:next``; False when another ticker
+        already did (the UPDATE's row lock holds until the tick's transaction ends)."""
+        sql = self.sql(
+            "schedule_advance",
+            lambda: sa.update(schedules)
+            .where(
+                schedules.c.name == bp("name", sa.Text),
+                schedules.c.next_fire_at == bp("old", sa.Double),
+            )
+            .values(next_fire_at=bp("next", sa.Double)),
+        )
+        return ex.rowcount(sql, params) == 1
+
+    def next_fire(self, ex: Executor, params: Mapping[str, Any]) -> float | None:
+        sql = self.sql("next_fire", lambda: sa.select(sa.func.min(schedules.c.next_fire_at)))
+        return ex.rows(sql, params)[0][0]  # type: ignore[no-any-return]
