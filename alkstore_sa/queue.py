@@ -160,18 +160,34 @@ class Queue:
 
     # -- other operations ------------------------------------------------------------------
 
-    def ack_batch(self, ids: Iterable[int]) -> int:
-        """Ack every id processing under an unexpired claim in this queue; returns how many."""
+    def ack_batch(self, ids: Iterable[int | JobHandle]) -> int:
+        """Ack every id processing under an unexpired claim in this queue; returns how many.
+
+        Items may also be JobHandles: those are acked only under *their own* claim (the
+        handle's validity predicate, so a stale handle never acks a reclaimed job) and are
+        consumed like ``h.ack()``.
+        """
         self.store._check_open()
         if isinstance(ids, (str, bytes)):
-            raise InvalidOptions("ids must be an iterable of ints")
-        checked = [v.job_id(i) for i in ids]
-        wanted = sorted({i for i in checked if v.in_int64(i)})
-        if not wanted:
-            return 0
-        params = {"queue": self.name, "ids": wanted, "now": self.store.now()}
+            raise InvalidOptions("ids must be an iterable of ints or JobHandles")
+        items = list(ids)
+        handles = [h for h in items if isinstance(h, JobHandle)]
+        plain = [v.job_id(i) for i in items if not isinstance(i, JobHandle)]
+        if any(h.consumed for h in handles):
+            raise HandleConsumed()
+        for h in handles:
+            h._consume()
+        wanted = sorted({i for i in plain if v.in_int64(i)})
+        claims = dict(sorted((h.id, h._attempts) for h in handles))
+        landed = 0
         with self.store.executor() as ex:
-            return self.store.backend.ack_batch(ex, params)
+            if wanted:
+                params = {"queue": self.name, "ids": wanted, "now": self.store.now()}
+                landed += self.store.backend.ack_batch(ex, params)
+            if claims:
+                params = {"queue": self.name, "ids": list(claims), "attempts": list(claims.values()), "now": self.store.now()}
+                landed += self.store.backend.ack_claims(ex, params)
+        return landed
 
     def cancel(self, job_id: int) -> bool:
         """Delete a live job of this queue, pending or processing (not an interrupt)."""

@@ -207,6 +207,16 @@ class PostgresBackend(Backend):
         )
         return ex.rowcount(sql, params)
 
+    def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        def build() -> sa.Executable:
+            pairs = sa.func.unnest(
+                bp("ids", postgresql.ARRAY(sa.BigInteger)), bp("attempts", postgresql.ARRAY(sa.Integer))
+            ).table_valued("id", "attempts").render_derived()
+            claim = sa.tuple_(jobs.c.id, jobs.c.attempts).in_(sa.select(pairs.c.id, pairs.c.attempts))
+            return self._ack_batch(claim)
+
+        return ex.rowcount(self.sql("ack_claims", build), params)
+
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         def build() -> sa.Executable:
             gone = (

@@ -164,6 +164,11 @@ class QueueOps(Core):
     def ack_batch(self, ex: Executor, params: Mapping[str, Any]) -> int:
         """Delete each of ``:ids`` processing under an unexpired claim in ``:queue``."""
 
+    @abc.abstractmethod
+    def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        """Delete each job of ``:ids`` still under the claim of the matching ``:attempts``
+        (processing, unexpired, in ``:queue``): the batch form of the handle's ack."""
+
     def _ack_batch(self, id_match: sa.ColumnElement[bool]) -> sa.Executable:
         return sa.delete(jobs).where(
             id_match,

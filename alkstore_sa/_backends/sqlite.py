@@ -4,6 +4,7 @@ writer-serialized ``UPDATE ... RETURNING``; moves are INSERT + DELETE in that tr
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Mapping
 from typing import Any
@@ -142,8 +143,6 @@ class SQLiteBackend(Backend):
             ex.rowcount(prune, {"id": note_id})
 
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
-        import json
-
         def build() -> sa.Executable:
             src = sa.func.json_each(bp("payloads", sa.Text)).table_valued("value", "key")
             return self._enqueue_many_from(src.c.value, src.c.key)
@@ -208,9 +207,23 @@ class SQLiteBackend(Backend):
                 _NoIndex(jobs.c.claim_expires_at) > self.now(),
             )
 
-        import json
-
         return ex.rowcount(self.sql("ack_batch", build), {**params, "ids": json.dumps(params["ids"])})
+
+    def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        def build() -> sa.Executable:
+            pairs = sa.func.json_each(bp("claims", sa.Text)).table_valued("value")
+            first = sa.func.json_extract(pairs.c.value, sa.literal_column("'$[0]'"))
+            second = sa.func.json_extract(pairs.c.value, sa.literal_column("'$[1]'"))
+            return sa.delete(jobs).where(
+                jobs.c.id.in_(sa.select(first)),  # the primary key drives it (see ack_batch)
+                sa.tuple_(_NoIndex(jobs.c.id), _NoIndex(jobs.c.attempts)).in_(sa.select(first, second)),
+                _NoIndex(jobs.c.queue) == bp("queue", sa.Text),
+                _NoIndex(jobs.c.state) == PROCESSING,
+                _NoIndex(jobs.c.claim_expires_at) > self.now(),
+            )
+
+        claims = json.dumps([list(p) for p in zip(params["ids"], params["attempts"], strict=True)])
+        return ex.rowcount(self.sql("ack_claims", build), {**params, "claims": claims})
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         bury = self.sql("sweep:bury", lambda: self._bury_where(self._expired(), EXPIRED_SQL))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
+
 import alkstore_sa as alk
 from tests.support import FakeClock
 
@@ -203,3 +205,30 @@ def test_store_as_context_manager(db, qname: str) -> None:  # type: ignore[no-un
     with db.store() as store:
         store.queue(qname).enqueue(1)
     assert store.closed
+
+
+def test_ack_batch_with_handles_acks_only_their_own_claims(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    """Handles carry their claim: a stale handle (its claim lapsed and the job was
+    reclaimed) is not counted, where its bare id would be."""
+    q = store.queue(qname, visibility_timeout=10)
+    a, b, c = q.enqueue_many(["a", "b", "c"])
+    stale = {h.id: h for h in q.claim_batch("w1", 3)}
+    clock.advance(11)
+    fresh = {h.id: h for h in q.claim_batch("w2", 3)}  # all three reclaimed (attempt 2)
+    assert q.ack_batch([stale[a], stale[b]]) == 0  # their claims are gone
+    assert stale[a].consumed and stale[b].consumed
+    assert q.get_job(a).state == "processing"  # type: ignore[union-attr]
+    assert q.ack_batch([fresh[a], fresh[b]]) == 2
+    assert q.ack_batch([c]) == 1  # a bare id acks whichever claim is live (SPEC §5.5)
+    assert all(q.get_job(i) is None for i in (a, b, c))
+
+
+def test_ack_batch_refuses_consumed_handles_before_acking_anything(store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    q.enqueue_many([1, 2])
+    h1, h2 = q.claim_batch("w", 2)
+    assert h1.ack() is True
+    with pytest.raises(alk.HandleConsumed):
+        q.ack_batch([h2, h1])
+    assert not h2.consumed and q.get_job(h2.id).state == "processing"  # type: ignore[union-attr]
+    assert q.ack_batch([h2]) == 1
