@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -271,7 +272,10 @@ class Store:
     def now(self) -> float | None:
         """This operation's one clock reading; None means 'the database clock' (PostgreSQL)."""
         if self.clock is not None:
-            return float(self.clock())
+            reading = self.clock()
+            if isinstance(reading, bool) or not isinstance(reading, (int, float)) or not math.isfinite(reading):
+                raise InvalidOptions(f"the store's clock returned {reading!r}, not finite epoch seconds")
+            return float(reading)
         if self.backend.name == "sqlite":
             return time.time()
         return None

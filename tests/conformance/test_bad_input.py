@@ -445,3 +445,12 @@ def test_closed_store_raises_store_closed(
         assert dead is not None and dead.state == "dead"
         stats = fq.stats()
         assert (stats.pending, stats.processing, stats.dead) == (0, 1, 1)
+
+
+@pytest.mark.parametrize("reading", [float("nan"), float("inf"), None, "now", True])
+def test_a_broken_injected_clock_is_refused_before_writing(db: Target, reading: object) -> None:
+    store = db.store(clock=lambda: reading)
+    with pytest.raises(alk.InvalidOptions, match="clock"):
+        store.queue("clock-check").enqueue(1)
+    store.close()
+    assert db.scalar(f"SELECT count(*) FROM {db.table('alkstore_jobs')} WHERE queue = 'clock-check'") == 0
