@@ -23,13 +23,10 @@ from .stop import StopToken
 if TYPE_CHECKING:
     from .store import Store
 
-_INT64_MAX = 2**63 - 1
-
-
 def _offset(value: object, what: str = "offset") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidOptions(f"{what} must be an int, got {type(value).__name__}")
-    if value < 0 or value > _INT64_MAX:
+    if value < 0 or value > v.INT64_MAX:
         raise InvalidOptions(f"{what} must be in [0, 2**63-1], got {value}")
     return value
 

@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from .._conn import RawExecutor
 from .._fanout import Deliver, FanOut
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
@@ -179,7 +180,7 @@ class SqliteHub:
     def _read_streams(self) -> None:
         if not self.streams.channel_keys():
             return
-        offsets = self._backend.stream_offsets(_Plain(self._conn), {})
+        offsets = self._backend.stream_offsets(RawExecutor(self._conn, self._backend), {})
         for name, last in offsets.items():
             if last != self._stream_offsets.get(name):
                 self._stream_offsets[name] = last
@@ -199,12 +200,3 @@ class SqliteHub:
             self.queues.dispatch(queue, 0, "")
         self._last_job = seq
 
-
-class _Plain:
-    """The watcher's own connection as a backend Executor (reads only)."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    def rows(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
-        return self._conn.execute(sql, params).fetchall()  # type: ignore[no-any-return]
