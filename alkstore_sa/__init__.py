@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._current import current_job
 from .errors import (
     AlkstoreError,
     DatabaseError,
@@ -24,6 +25,7 @@ from .schema import metadata
 from .stop import StopToken
 from .store import Store
 from .streams import Stream
+from .tasks import Task, Tasks
 from .transactional import enqueue, enqueue_many, get_job, notify, outbox_enqueue, publish
 from .worker import Fail, Retry, Worker
 
@@ -59,7 +61,10 @@ __all__ = [
     "Stream",
     "Subscription",
     "SweepResult",
+    "Task",
+    "Tasks",
     "Worker",
+    "current_job",
     "enqueue",
     "enqueue_many",
     "get_job",

@@ -1,0 +1,396 @@
+"""Tasks (SPEC §12): named functions whose calls are enqueued as jobs, and the registry a
+worker dispatches them from.
+
+A task job's payload is pinned: ``{"task": NAME, "args": [...], "kwargs": {...}}``. The job
+carries the task's stamps (§5.1), so claims, heartbeats and retries never need the registry;
+a worker needs it only to find the function a job names (``Tasks.resolve``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, TypeVar, Union, cast, overload
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session, scoped_session
+
+from . import _validate as v
+from .errors import AlkstoreError, InvalidOptions, InvalidSpec, PayloadError
+from .queue import Queue, QueueOpts
+from .store import Store, store_for
+from .transactional import connection_of
+from .transactional import enqueue as enqueue_in_transaction
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EnqueueTarget = Union[Store, Session, "scoped_session[Any]", Connection]
+_ACCEPTED = "a Store (its own transaction) or a Session, scoped_session or Connection (your transaction)"
+_ACCEPTED_ASYNC = (
+    "an AsyncSession, async_scoped_session or AsyncConnection (your transaction) "
+    "or a Store (its own transaction)"
+)
+
+
+class UnknownTask(AlkstoreError, LookupError):
+    """A job names a task this registry does not have (a deploy in progress, say): the worker
+    retries it with this message, never acks it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"unknown task '{name}'")
+
+
+class NotATaskPayload(AlkstoreError, ValueError):
+    """A job's payload is not ``{"task": str, "args": list, "kwargs": dict}``: it was enqueued
+    by something other than a Task, and no deploy can make it runnable."""
+
+    default_message = 'not a task payload: expected {"task": str, "args": list, "kwargs": dict}'
+
+
+@dataclass(frozen=True)
+class _PerCall:
+    """Enqueue options of one call (``Task.using``); ``None`` keeps the task's own."""
+
+    delay: v.Duration | None = None
+    run_at: datetime | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    expires: v.Duration | None = None
+
+
+class TaskCall(Generic[P]):
+    """A task with per-call enqueue options, made by ``Task.using``. It never changes the
+    task: each ``using`` returns a new one."""
+
+    def __init__(self, task: Task[P, Any], options: _PerCall) -> None:
+        self.task = task
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.TaskCall {self.task.name!r} {self.options}>"
+
+    def using(
+        self,
+        *,
+        delay: v.Duration | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        expires: v.Duration | None = None,
+    ) -> TaskCall[P]:
+        """A new TaskCall with these options over this one's (``None`` keeps the current
+        value). Invalid options raise here, not at enqueue."""
+        # validated now so the mistake points at the using() line; enqueue validates again
+        v.optional_duration(delay, "delay")
+        if run_at is not None:
+            v.aware_datetime(run_at, "run_at")
+        if priority is not None:
+            v.int32(priority, "priority")
+        if max_attempts is not None:
+            v.max_attempts(max_attempts)
+        v.optional_duration(expires, "expires", inclusive=False)
+        given: dict[str, Any] = {
+            "delay": delay, "run_at": run_at, "priority": priority,
+            "max_attempts": max_attempts, "expires": expires,
+        }
+        changes = {k: x for k, x in given.items() if x is not None}
+        return TaskCall(self.task, replace(self.options, **changes))
+
+    def enqueue(self, target: EnqueueTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call of the task; returns the job id. ``target`` is a Store (the job is
+        committed in its own transaction) or a Session / scoped_session / Connection (the job
+        joins that transaction and is never committed here)."""
+        task = self.task
+        own = isinstance(target, Store)
+        if not own and not isinstance(target, (Session, scoped_session, Connection)):
+            raise _wrong_target(target)
+        payload = task._payload(args, kwargs)
+        o = self.options
+        options: dict[str, Any] = {
+            "delay": o.delay, "run_at": o.run_at, "max_attempts": o.max_attempts, "expires": o.expires,
+            "priority": task.priority if o.priority is None else o.priority,
+        }
+        try:
+            if own:
+                return Queue(cast(Store, target), task.queue, task.opts).enqueue(payload, **options)
+            queue = _queue_in(cast(EnqueueTarget, target), task)
+            return enqueue_in_transaction(cast(Any, target), queue, payload, **options)
+        except PayloadError as exc:
+            raise PayloadError(f"task {task.name!r}: {exc}") from None
+
+    async def aenqueue(self, session: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call of the task in an async caller's transaction (AsyncSession,
+        async_scoped_session or AsyncConnection; never committed here), or through a Store in
+        a worker thread (its own transaction)."""
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
+        if isinstance(session, async_scoped_session):
+            session = session()  # the AsyncSession of the current scope
+        if isinstance(session, (AsyncSession, AsyncConnection)):
+            # run_sync hands the sync facade of the same transaction to the one implementation
+            return cast(int, await session.run_sync(lambda sync: self.enqueue(sync, *args, **kwargs)))
+        if isinstance(session, Store):
+            return await asyncio.to_thread(self.enqueue, session, *args, **kwargs)
+        if isinstance(session, (Session, scoped_session, Connection)):
+            raise InvalidOptions(
+                f"a {type(session).__name__} is synchronous: use task.enqueue(session, ...) without await"
+            )
+        raise InvalidOptions(f"aenqueue() takes {_ACCEPTED_ASYNC}, got {type(session).__name__}")
+
+
+class Task(Generic[P, R]):
+    """A function registered in a ``Tasks`` registry. Calling it runs the function here and
+    returns its result (for an ``async def`` function, the coroutine); ``enqueue`` makes a
+    job of the call for a worker to run."""
+
+    def __init__(
+        self, func: Callable[P, R], *, name: str, queue: str, opts: QueueOpts, priority: int
+    ) -> None:
+        # the function's own __dict__ is not copied: it could shadow enqueue/using
+        functools.update_wrapper(self, func, updated=())
+        self.func = func
+        self.name = name
+        self.queue = queue
+        self.opts = opts
+        self.priority = priority
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+            getattr(func, "__call__", None)  # noqa: B004 - a callable object's async __call__
+        )
+        mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
+        if self.is_async and mark is not None:
+            mark(self)  # so inspect.iscoroutinefunction(task) answers as for the function
+        self._signature = _signature_of(func)
+        self._plain: TaskCall[P] = TaskCall(self, _PerCall())
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Task {self.name!r} queue={self.queue!r}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(*args, **kwargs)
+
+    def enqueue(self, target: EnqueueTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call; ``target`` is a Store (own transaction) or a Session /
+        scoped_session / Connection (the caller's transaction, never committed)."""
+        return self._plain.enqueue(target, *args, **kwargs)
+
+    async def aenqueue(self, session: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue a call in an AsyncSession / async_scoped_session / AsyncConnection's
+        transaction (or through a Store, in a thread)."""
+        return await self._plain.aenqueue(session, *args, **kwargs)
+
+    def using(
+        self,
+        *,
+        delay: v.Duration | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        expires: v.Duration | None = None,
+    ) -> TaskCall[P]:
+        """Per-call options (§5.2) for the next enqueues; returns a new object, the task is
+        unchanged. ``priority`` overrides the task's; ``max_attempts`` its stamp."""
+        return self._plain.using(
+            delay=delay, priority=priority, run_at=run_at, max_attempts=max_attempts, expires=expires
+        )
+
+    def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The pinned payload of a call. Arguments that the function could not take are refused
+        now, not after a worker has spent the job's attempts on a TypeError."""
+        if self._signature is not None:
+            try:
+                self._signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise InvalidOptions(f"task {self.name!r} cannot take these arguments: {exc}") from None
+        return {"task": self.name, "args": list(args), "kwargs": kwargs}
+
+
+class Tasks:
+    """A registry of tasks by name; one per application is usual. A worker given it serves the
+    queues that have a task and calls the task each job's payload names."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task[..., Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Tasks {len(self._tasks)} tasks on {self.queues()}>"
+
+    @overload
+    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        queue: str = "default",
+        max_attempts: int = 3,
+        visibility_timeout: v.Duration = 300,
+        backoff_base: v.Duration = 5,
+        priority: int = 0,
+        name: str | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        queue: str = "default",
+        max_attempts: int = 3,
+        visibility_timeout: v.Duration = 300,
+        backoff_base: v.Duration = 5,
+        priority: int = 0,
+        name: str | None = None,
+    ) -> Any:
+        """Register a function as a task: ``@tasks.task`` or ``@tasks.task(queue=..., ...)``.
+
+        ``max_attempts``, ``visibility_timeout`` and ``backoff_base`` are the stamps of the
+        task's jobs (the §5.1 queue defaults), ``priority`` their default priority. ``name``
+        defaults to ``module.qualname``. Bad options raise ``InvalidOptions`` / ``InvalidName``
+        and a name already in this registry ``InvalidSpec``, here, at decoration.
+        """
+        if func is not None and not callable(func):
+            raise InvalidOptions(
+                f"task() takes its options as keywords, e.g. @tasks.task(queue='emails'); "
+                f"got a positional {type(func).__name__}"
+            )
+        queue = v.name(queue, "queue name")
+        opts = QueueOpts.validated(
+            visibility_timeout=visibility_timeout, max_attempts=max_attempts, backoff_base=backoff_base
+        )
+        priority = v.int32(priority, "priority")
+        if name is not None:
+            name = v.name(name, "task name")
+
+        def decorate(f: Callable[P, R]) -> Task[P, R]:
+            if not callable(f):
+                raise InvalidOptions(f"@tasks.task decorates a function, got a {type(f).__name__}")
+            task = Task(f, name=name or _default_name(f), queue=queue, opts=opts, priority=priority)
+            self._add(task)
+            return task
+
+        return decorate if func is None else decorate(func)
+
+    def _add(self, task: Task[..., Any]) -> None:
+        existing = self._tasks.get(task.name)
+        if existing is not None:
+            raise InvalidSpec(
+                task.name,
+                f"a task named {task.name!r} is already in this registry (on queue {existing.queue!r}); "
+                "pass name=... to register another",
+            )
+        self._tasks[task.name] = task
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Task[..., Any]]:
+        return iter(list(self._tasks.values()))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __getitem__(self, name: str) -> Task[..., Any]:
+        return self._tasks[name]
+
+    def get(self, name: str) -> Task[..., Any] | None:
+        return self._tasks.get(name)
+
+    def queues(self) -> list[str]:
+        """The queues that have a task, each once, in the order their first task was registered."""
+        return list(dict.fromkeys(t.queue for t in self._tasks.values()))
+
+    def resolve(self, payload: object) -> tuple[Task[..., Any], list[Any], dict[str, Any]]:
+        """The task a job's payload names, with its args and kwargs: what a worker calls.
+
+        Raises ``NotATaskPayload`` when the payload is not the pinned shape (extra keys are
+        ignored, so a later version may add some) and ``UnknownTask`` when no task of this
+        registry has the name.
+        """
+        problem = _payload_problem(payload)
+        if problem is not None:
+            raise NotATaskPayload(f"{NotATaskPayload.default_message}; {problem}")
+        assert isinstance(payload, dict)  # _payload_problem checked it
+        task = self._tasks.get(payload["task"])
+        if task is None:
+            raise UnknownTask(payload["task"])
+        return task, payload["args"], payload["kwargs"]
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _default_name(func: Callable[..., Any]) -> str:
+    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise InvalidOptions(f"cannot name a task after {func!r}: pass name=...")
+    return v.name(f"{module}.{qualname}", "task name")
+
+
+def _signature_of(func: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature enqueue checks arguments against; None when Python cannot tell it (some
+    builtins), and then the arguments are not checked."""
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
+def _payload_problem(payload: object) -> str | None:
+    if not isinstance(payload, dict):
+        return f"got a {type(payload).__name__}"
+    for key, kind in (("task", str), ("args", list), ("kwargs", dict)):
+        if key not in payload:
+            return f"{key!r} is missing"
+        if not isinstance(payload[key], kind):
+            return f"{key!r} is a {type(payload[key]).__name__}, not a {kind.__name__}"
+    return None
+
+
+def _wrong_target(target: object) -> InvalidOptions:
+    from sqlalchemy.ext.asyncio import (
+        AsyncConnection,
+        AsyncEngine,
+        AsyncSession,
+        async_scoped_session,
+    )
+
+    kind = type(target).__name__
+    if isinstance(target, (AsyncSession, AsyncConnection, async_scoped_session)):
+        return InvalidOptions(f"an {kind} is asynchronous: use `await task.aenqueue(session, ...)`")
+    if isinstance(target, (Engine, AsyncEngine)):
+        return InvalidOptions(f"an {kind} has no transaction to join: pass {_ACCEPTED}")
+    return InvalidOptions(f"enqueue() takes {_ACCEPTED}, got {kind}")
+
+
+class _Defaults:
+    """Stands in for a Store on an engine no Store was made for: the caller's-transaction
+    functions then use the defaults (SPEC §4), and a Queue handle carries the task's stamps
+    to them. Everything but ``_check_open`` is the defaults object's own."""
+
+    def __init__(self, defaults: object) -> None:
+        self._defaults = defaults
+
+    def _check_open(self) -> None:
+        """The defaults are never closed."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._defaults, attr)
+
+
+def _queue_in(session: EnqueueTarget, task: Task[..., Any]) -> Queue:
+    """A handle with the task's stamps on the store that ``alk.enqueue`` would use for this
+    session's engine. (It begins the session's transaction, as ``alk.enqueue`` does.)"""
+    store = store_for(connection_of(cast(Any, session)))
+    if not isinstance(store, Store):
+        store = cast(Store, _Defaults(store))
+    return Queue(store, task.queue, task.opts)
