@@ -14,6 +14,7 @@ from .errors import (
     NotInstalled,
     PayloadError,
     SchemaOutdated,
+    SchemaTooNew,
     StoreClosed,
 )
 from .locks import Lock
@@ -55,6 +56,7 @@ __all__ = [
     "Retry",
     "Schedule",
     "SchemaOutdated",
+    "SchemaTooNew",
     "Store",
     "StopToken",
     "StoreClosed",

@@ -1,5 +1,6 @@
-"""Executors: the store's own driver connections (cached, autocommit) and the caller's
-SQLAlchemy Connection. Errors from either become alkstore errors here, via the backend.
+"""Executors: the store's own driver connections (autocommit; see _connections for how they
+are kept) and the caller's SQLAlchemy Connection. Errors from either become alkstore
+errors here, via the backend.
 
 The context managers are plain classes, not generators: they sit on every operation's
 path, and a generator-based one costs several microseconds more per use.
@@ -8,15 +9,17 @@ path, and a generator-based one costs several microseconds more per use.
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from ._backends import Backend
+from .errors import AlkstoreError
+
+if TYPE_CHECKING:
+    from ._connections import ConnectionCache, Held
 
 
 class RawExecutor:
@@ -106,87 +109,98 @@ class SessionExecutor:
         return contextlib.nullcontext()
 
 
-class _Held:
-    __slots__ = ("proxied", "dbapi", "saved", "executor")
-
-    def __init__(self, proxied: Any, dbapi: Any, saved: Any, backend: Backend) -> None:
-        self.proxied, self.dbapi, self.saved = proxied, dbapi, saved
-        self.executor = RawExecutor(dbapi, backend)
-
-
 class Lease:
-    """``with cache.lease() as ex``: one of the cache's connections for one operation."""
+    """``with store.executor() as ex``: one of the store's connections for one operation,
+    used as the operation's executor.
 
-    __slots__ = ("_cache", "_held")
+    ``retry=True`` marks an operation that may run a statement twice: on a disconnect
+    (outside an explicit transaction) the statement is run once more on a fresh
+    connection, after the whole cache was dropped. Only operations for which a second run
+    is harmless even if the first one landed before the connection died may ask for it —
+    the claim-fenced handle operations, idempotent deletes, reads (queue.py says why for
+    each). Every other operation still never *sends* on a dead connection: the cache's
+    liveness check and the pool's pre-ping catch those before the statement goes out.
+    """
 
-    def __init__(self, cache: ConnectionCache) -> None:
+    __slots__ = ("_cache", "_held", "_retry", "_in_tx")
+
+    def __init__(self, cache: ConnectionCache, retry: bool = False) -> None:
         self._cache = cache
-        self._held: _Held | None = None
+        self._held: Held | None = None
+        self._retry = retry
+        self._in_tx = False
 
-    def __enter__(self) -> RawExecutor:
-        self._held = held = self._cache.take()
-        return held.executor
+    def __enter__(self) -> Lease:
+        self._held = self._cache.take()
+        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         held, self._held = self._held, None
-        assert held is not None
-        if exc is not None and self._cache.backend.is_disconnect(exc, held.dbapi):
-            held.proxied.invalidate()
+        if held is None:  # a retry's checkout failed: nothing is held
             return
-        self._cache.give(held)
+        cache = self._cache
+        if exc is None:
+            cache.give(held)
+        elif cache.backend.is_disconnect(exc, held.dbapi):
+            cache.disconnected(held, exc)
+        elif isinstance(exc, AlkstoreError):
+            cache.give(held)  # a refused statement: the connection is fine (and out of any transaction)
+        else:
+            cache.release(held)  # interrupted mid-operation: the pool resets it on return
 
-
-class ConnectionCache:
-    """A few driver connections checked out of the engine's pool and kept, so an operation
-    costs no pool checkout/return; the engine's pool (size, events, connect args) still
-    creates them. Fork-aware: a child process never reuses its parent's sockets."""
-
-    def __init__(self, engine: Engine, backend: Backend, max_idle: int = 4) -> None:
-        self._engine = engine
-        self.backend = backend
-        self._max_idle = max_idle
-        self._idle: list[_Held] = []
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def lease(self) -> Lease:
-        return Lease(self)
-
-    def take(self) -> _Held:
-        with self._lock:
-            if self._pid != os.getpid():
-                self._idle = []  # inherited across fork: never touch the parent's connections
-                self._pid = os.getpid()
-            if self._idle:
-                return self._idle.pop()
+    def rows(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         try:
-            proxied = self._engine.raw_connection()
+            return self._held.dbapi.execute(sql, params).fetchall()  # type: ignore[no-any-return,union-attr]
         except Exception as exc:
-            raise self.backend.translate_error(exc) from exc
-        dbapi = proxied.dbapi_connection
-        return _Held(proxied, dbapi, self.backend.prepare_connection(dbapi), self.backend)
+            return self._again(exc, sql, params, fetch=True)  # type: ignore[no-any-return]
 
-    def give(self, held: _Held) -> None:
-        with self._lock:
-            if self._pid == os.getpid() and len(self._idle) < self._max_idle:
-                self._idle.append(held)
-                return
-        self._release(held)
-
-    def _release(self, held: _Held) -> None:
+    def rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
         try:
-            self.backend.restore_connection(held.dbapi, held.saved)
-            held.proxied.close()
-        except Exception:  # noqa: BLE001 - a broken connection is simply dropped
-            held.proxied.invalidate()
+            return self._held.dbapi.execute(sql, params).rowcount  # type: ignore[no-any-return,union-attr]
+        except Exception as exc:
+            return self._again(exc, sql, params, fetch=False)  # type: ignore[no-any-return]
 
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-            same_process = self._pid == os.getpid()
-        if same_process:
-            for held in idle:
-                self._release(held)
+    def _again(self, exc: Exception, sql: str, params: Mapping[str, Any], *, fetch: bool) -> Any:
+        """Run the statement once more on a fresh connection if this operation allows it
+        and ``exc`` was a disconnect; else raise ``exc`` as an alkstore error."""
+        held, backend = self._held, self._cache.backend
+        assert held is not None
+        if not self._retry or self._in_tx or not backend.is_disconnect(exc, held.dbapi):
+            raise backend.translate_error(exc) from exc
+        self._retry = False  # once per operation
+        self._held = None
+        self._cache.disconnected(held, exc)
+        self._held = held = self._cache.take()
+        try:
+            cursor = held.dbapi.execute(sql, params)
+            return cursor.fetchall() if fetch else cursor.rowcount
+        except Exception as again:
+            raise backend.translate_error(again) from again
 
+    def transaction(self) -> _LeaseTransaction:
+        return _LeaseTransaction(self)
+
+
+class _LeaseTransaction:
+    """A write transaction on the lease's connection; statements inside it are never
+    retried (the transaction died with the connection)."""
+
+    __slots__ = ("_lease", "_tx")
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        held = lease._held
+        assert held is not None
+        self._tx = _Transaction(held.dbapi, lease._cache.backend)
+
+    def __enter__(self) -> None:
+        self._tx.__enter__()
+        self._lease._in_tx = True
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._lease._in_tx = False
+        self._tx.__exit__(exc_type, exc, tb)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import selectors
 import threading
 from collections.abc import Callable
 
@@ -62,3 +63,11 @@ class FanOut:
     def dispatch_all(self, payload: str = "") -> None:
         for key in self.channel_keys():
             self.dispatch(key, 0, payload)
+
+
+def new_selector() -> selectors.BaseSelector:
+    """What the listener/watcher threads wait with: poll() where available (select() fails
+    for descriptors >= 1024; epoll would cost a descriptor per selector), else the default."""
+    if hasattr(selectors, "PollSelector"):
+        return selectors.PollSelector()
+    return selectors.DefaultSelector()

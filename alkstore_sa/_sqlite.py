@@ -1,9 +1,12 @@
 """SQLite connection settings the store relies on: a long busy timeout so concurrent
-writers wait instead of failing with 'database is locked'. (WAL is switched on once, at
-install time: it is persistent in the file and cannot be switched inside a transaction.)"""
+writers wait instead of failing with 'database is locked', and ``synchronous=NORMAL``
+where — and only where — the database is in WAL mode. (WAL is switched on once, at install
+time: it is persistent in the file and cannot be switched inside a transaction.)"""
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from sqlalchemy import event
@@ -11,13 +14,51 @@ from sqlalchemy.engine import Engine
 
 BUSY_TIMEOUT_MS = 60_000
 
+log = logging.getLogger("alkstore_sa")
+_warned: set[str] = set()  # database files already warned about (once per file and process)
+_warned_lock = threading.Lock()
+
 
 def _on_connect(dbapi_conn: Any, _record: Any) -> None:
     dbapi_conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    # With WAL, NORMAL keeps the database consistent across crashes and skips an fsync per
-    # commit; only the last commits before a power loss can be lost (SQLite's documented
-    # recommendation for WAL).
-    dbapi_conn.execute("PRAGMA synchronous = NORMAL")
+    ((mode,),) = dbapi_conn.execute("PRAGMA journal_mode").fetchall()
+    if str(mode).lower() == "wal":
+        # With WAL, NORMAL keeps the database consistent across crashes and skips an fsync
+        # per commit; only the last commits before a power loss can be lost (SQLite's
+        # documented recommendation for WAL).
+        dbapi_conn.execute("PRAGMA synchronous = NORMAL")
+        return
+    # In a rollback-journal mode NORMAL can corrupt the file on power loss: the app's own
+    # setting stays. Say so once, where alkstore is installed (before install() switches a
+    # new file to WAL there is nothing to warn about).
+    path = _main_file(dbapi_conn)
+    if not path or not _alkstore_installed(dbapi_conn):
+        return
+    with _warned_lock:
+        if path in _warned:
+            return
+        _warned.add(path)
+    log.warning(
+        "SQLite database %s is in journal_mode=%s, not WAL: alkstore leaves its synchronous "
+        "setting alone, and concurrent workers will contend for the file. Switch it to WAL once "
+        "with `alkstore migrate --url sqlite:///...` (or enable_wal(connection) in your Alembic env.py)",
+        path, mode,
+    )
+
+
+def _main_file(dbapi_conn: Any) -> str:
+    """The main database's file ('' for an in-memory or temporary database)."""
+    for _seq, name, file in dbapi_conn.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return str(file or "")
+    return ""
+
+
+def _alkstore_installed(dbapi_conn: Any) -> bool:
+    rows = dbapi_conn.execute(
+        "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'alkstore_alembic_version'"
+    ).fetchall()
+    return bool(rows)
 
 
 def configure_sqlite_engine(engine: Engine) -> None:

@@ -128,17 +128,25 @@ def error_text(value: object, what: str = "error") -> str:
     return value
 
 
-def encode_payload(payload: object, max_bytes: int) -> str:
-    """Serialize a payload as strict JSON text that any database text column can hold."""
+def _dumps(payload: object, *, ensure_ascii: bool) -> str:
     try:
-        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(payload, allow_nan=False, ensure_ascii=ensure_ascii, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not strict JSON: {exc}") from None
+    except RecursionError:
+        # json.dumps recurses once per nesting level: a payload nested deeper than the
+        # interpreter's recursion limit cannot be serialized
+        raise PayloadError("payload is nested too deeply to serialize as JSON") from None
+
+
+def encode_payload(payload: object, max_bytes: int) -> str:
+    """Serialize a payload as strict JSON text that any database text column can hold."""
+    text = _dumps(payload, ensure_ascii=False)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         # lone surrogates cannot be stored as UTF-8: keep them as JSON \u escapes instead
-        text = json.dumps(payload, allow_nan=False, ensure_ascii=True, separators=(",", ":"))
+        text = _dumps(payload, ensure_ascii=True)
         size = len(text)
     if size > max_bytes:
         raise PayloadError(f"payload is {size} bytes serialized; the limit is {max_bytes}")

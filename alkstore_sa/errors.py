@@ -64,6 +64,17 @@ class SchemaOutdated(NotInstalled):
     )
 
 
+class SchemaTooNew(AlkstoreError):
+    """The database holds an alkstore schema this library version cannot use: it was migrated
+    by a newer alkstore_sa whose later steps older versions must not read (or the recorded
+    revision is not one alkstore_sa knows). The cure is upgrading the library, not migrating."""
+
+    default_message = (
+        "the alkstore schema in this database was migrated by a newer alkstore_sa that this "
+        "version cannot use: upgrade alkstore_sa"
+    )
+
+
 class HandleConsumed(AlkstoreError):
     """A second one-shot operation (ack, retry, fail) was attempted on the same JobHandle."""
 

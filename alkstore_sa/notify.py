@@ -28,7 +28,7 @@ class Notification:
 
 def notify_params(channel: object, payload: object) -> dict[str, Any]:
     """Validate a notify before any SQL."""
-    name = v.name(channel, "channel name", allow_reserved=True)
+    name = v.name(channel, "channel name")  # the reserved prefix is refused (SPEC §3)
     if not isinstance(payload, str):
         raise PayloadError(f"notify payload must be a str, got {type(payload).__name__}")
     if "\x00" in payload:
@@ -44,10 +44,17 @@ def notify_params(channel: object, payload: object) -> dict[str, Any]:
 
 class Subscription:
     """Notifications of one channel, from the moment ``store.listen()`` returned until
-    ``close()``. Iterating blocks for each next notification and ends at ``close()``."""
+    ``close()``. Iterating blocks for each next notification and ends at ``close()``.
+
+    ``listen()`` returns only once the channel is really listened to (on PostgreSQL: its
+    LISTEN completed on the listener's live connection, also when another subscriber's
+    LISTEN of it was still in flight); a PostgreSQL listener that cannot connect within
+    ``LISTEN_TIMEOUT`` (30 s) makes it raise ``DatabaseError`` instead of returning deaf."""
 
     def __init__(self, store: Store, channel: str) -> None:
-        self.channel = channel
+        # a user channel: names with the reserved prefix are refused (the library's own
+        # wake-ups do not go through channels at all: see the hubs' watch_queue/watch_stream)
+        self.channel = v.name(channel, "channel name")
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._key = store.backend.channel_key(channel)
         self._hub = store.hub()

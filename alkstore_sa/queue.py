@@ -153,7 +153,10 @@ class Queue:
         if n <= 0:
             return []
         params = {"queue": self.name, "worker_id": worker_id, "n": min(n, v.INT32_MAX), "now": self.store.now()}
-        with self.store.executor() as ex:
+        # Retried once after a disconnect: if the lost first attempt did commit, its claims
+        # are unknown to the caller and lapse after the visibility timeout (an attempt is
+        # spent) — exactly what the caller's own retry of a failed claim would cause.
+        with self.store.executor(retry=True) as ex:
             rows = self.store.backend.claim(ex, params)
         rows.sort(key=claim_order_key)
         return [JobHandle(self, r) for r in rows]
@@ -180,7 +183,8 @@ class Queue:
         wanted = sorted({i for i in plain if v.in_int64(i)})
         claims = dict(sorted((h.id, h._attempts) for h in handles))
         landed = 0
-        with self.store.executor() as ex:
+        # Retried once after a disconnect (see JobHandle): a repeat deletes nothing more.
+        with self.store.executor(retry=True) as ex:
             if wanted:
                 params = {"queue": self.name, "ids": wanted, "now": self.store.now()}
                 landed += self.store.backend.ack_batch(ex, params)
@@ -195,7 +199,7 @@ class Queue:
         job_id = v.job_id(job_id)
         if not v.in_int64(job_id):
             return False
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a repeat finds nothing to delete
             return self.store.backend.cancel(ex, {"id": job_id, "queue": self.name})
 
     def get_job(self, job_id: int) -> Job | None:
@@ -215,7 +219,7 @@ class Queue:
         if limit == 0:
             return []
         params = {"queue": self.name, "limit": min(limit, v.INT32_MAX), "before_id": before_id}
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a read
             rows = self.store.backend.dead_jobs(ex, params, before=before_id is not None)
         return [job_from_row(r) for r in rows]
 
@@ -238,14 +242,14 @@ class Queue:
         """Move every row past its ``expires_at`` (pending and processing) to dead as
         ``"expired"``, and purge dead rows past their stamped retention."""
         self.store._check_open()
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a repeat finds nothing left to move
             expired, purged = self.store.backend.sweep(ex, {"queue": self.name, "now": self.store.now()})
         return SweepResult(expired=expired, purged=purged)
 
     def stats(self) -> QueueStats:
         """Counts for this queue: pending (incl. delayed), ready, processing, dead."""
         self.store._check_open()
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a read
             pending, ready, oldest, processing, dead, now = self.store.backend.stats(
                 ex, {"queue": self.name, "now": self.store.now()}
             )
@@ -258,6 +262,15 @@ class JobHandle:
 
     Every operation succeeds only while the job is processing under *this* claim and the
     claim deadline has not passed; otherwise it returns False and changes nothing.
+
+    That fence is why each is retried once on a fresh connection after a disconnect
+    (``store.executor(retry=True)``): a repeat can only act on the same claim, so it never
+    does anything the first attempt would not have done. If the first attempt did land
+    before the connection died, the claim is over and the repeat returns False (a
+    heartbeat's repeat returns True: the claim is still live). So after a disconnect,
+    False means "not done by the repeat" — the job may have been acked by the lost first
+    attempt; True is always exact. Without the retry, the same ack would be an error and
+    the job would run again after its visibility timeout.
     """
 
     __slots__ = ("_queue", "_row", "_job", "_payload", "_consumed")
@@ -319,7 +332,7 @@ class JobHandle:
         """Finish the job: delete its row."""
         self._consume()
         store = self._queue.store
-        with store.executor() as ex:
+        with store.executor(retry=True) as ex:
             return store.backend.ack(ex, self._claim_params())
 
     def retry(self, error: str, delay: v.Duration | None = None) -> bool:
@@ -332,7 +345,7 @@ class JobHandle:
         store = self._queue.store
         params = self._claim_params()
         params["error"] = text
-        with store.executor() as ex:
+        with store.executor(retry=True) as ex:
             attempts = self._attempts
             if attempts >= self._row[FIELD["max_attempts"]]:
                 params["last_error"] = "max attempts exceeded"
@@ -350,7 +363,7 @@ class JobHandle:
         params = self._claim_params()
         params["error"] = text
         params["last_error"] = "failed" if text is None else text
-        with store.executor() as ex:
+        with store.executor(retry=True) as ex:
             return store.backend.bury(ex, params)
 
     def heartbeat(self, extend: v.Duration) -> bool:
@@ -363,6 +376,6 @@ class JobHandle:
             raise HandleConsumed()
         params = self._claim_params()
         params["extend"] = seconds
-        with store.executor() as ex:
+        with store.executor(retry=True) as ex:
             return store.backend.heartbeat(ex, params)
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
+from ._retry import Backoff, Outage
 from ._rows import ts
-from .errors import AlkstoreError, InvalidSpec, LeadershipLost
-from .locks import Lock
+from .errors import AlkstoreError, InvalidSpec
 from .model import Schedule
 from .queue import DEFAULT_OPTS, enqueue_params
 from .stop import StopToken
@@ -32,6 +35,8 @@ log = logging.getLogger("alkstore_sa")
 
 LEADER_LOCK = "__alkstore_scheduler"
 MAX_CATCHUP = 64
+# A schedule that cannot fire is retried after 0.5 s, 1 s, 2 s, ... at most a minute apart.
+SCHEDULE_RETRY = (0.5, 60.0)
 _SPEC = re.compile(r"@every ([0-9]+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -70,11 +75,22 @@ def schedule_from_row(row: tuple[Any, ...]) -> Schedule:
     )
 
 
+@dataclass
+class _Failing:
+    """A schedule whose fires fail: its failure streak, the schedule version it is about
+    (``updated_at``), and when (monotonic) the runner may try it again."""
+
+    outage: Outage
+    version: datetime
+    retry_at: float = 0.0
+
+
 class Scheduler:
     """Schedule registration and the leader-elected tick loop of one store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._failing: dict[str, _Failing] = {}
 
     def schedule(
         self,
@@ -122,17 +138,44 @@ class Scheduler:
     def tick(self) -> int:
         """Fire every due boundary once; returns how many jobs were enqueued. Each schedule
         fires in its own transaction (advance + enqueue commit together), and one that fails
-        (logged, left due for the next tick) does not keep the others from firing."""
+        (logged once per failure streak, left due) does not keep the others from firing."""
+        return self._tick(paced=False)
+
+    def _tick(self, *, paced: bool) -> int:
+        """``tick``; ``paced`` (the runner) skips the schedules still waiting out their
+        retry backoff, so one that cannot fire is not retried at the loop's full speed."""
         backend = self.store.backend
-        fired = 0
         with self.store.executor() as ex:
             now = backend.read_now(ex, self.store.now())
-            for row in backend.schedule_list(ex, {"now": now}, due=True):
-                sched = schedule_from_row(row)
-                try:
+            rows = backend.schedule_list(ex, {"now": now}, due=True)
+        fired = 0
+        due = set()
+        for row in rows:
+            sched = schedule_from_row(row)
+            due.add(sched.name)
+            failing = self._failing.get(sched.name)
+            if failing is not None and failing.version != sched.updated_at:
+                # re-registered since it failed (a fix, perhaps): try the new definition now
+                failing.version, failing.retry_at = sched.updated_at, 0.0
+            if paced and failing is not None and failing.retry_at > time.monotonic():
+                continue
+            try:
+                # a lease per fire: a connection broken by one fire is dropped, not reused
+                with self.store.executor() as ex:
                     fired += self._fire(ex, sched, row[8], now)
-                except AlkstoreError as exc:
-                    log.error("schedule %r could not fire (%s); it stays due and is retried next tick", sched.name, exc)
+            except AlkstoreError as exc:
+                if failing is None:
+                    failing = self._failing[sched.name] = _Failing(
+                        Outage(log, f"schedule {sched.name!r}", Backoff(*SCHEDULE_RETRY), level=logging.ERROR),
+                        sched.updated_at,
+                    )
+                failing.retry_at = time.monotonic() + failing.outage.failed("could not fire", exc)
+            else:
+                if failing is not None:
+                    failing.outage.recovered()
+                    del self._failing[sched.name]
+        for name in set(self._failing) - due:
+            del self._failing[name]  # no longer due: fired by another ticker, moved or removed
         return fired
 
     def _fire(self, ex: Any, sched: Schedule, old: float, now: float) -> int:
@@ -157,33 +200,27 @@ class Scheduler:
         return count
 
     def _seconds_to_next_fire(self) -> float | None:
+        """Seconds until the next boundary, or None when there are no schedules; a schedule
+        waiting out its retry backoff counts at its retry time instead (real seconds)."""
+        backend = self.store.backend
         with self.store.executor() as ex:
-            nxt = self.store.backend.next_fire(ex, {})
-            if nxt is None:
-                return None
-            return max(0.0, nxt - self.store.backend.read_now(ex, self.store.now()))
+            now = backend.read_now(ex, self.store.now())
+            if not self._failing:
+                nxt = backend.next_fire(ex, {})
+                return None if nxt is None else max(0.0, nxt - now)
+            rows = backend.schedule_list(ex, {}, due=False)
+        mono = time.monotonic()
+        waits = [
+            max(0.0, failing.retry_at - mono) if (failing := self._failing.get(row[0])) else max(0.0, row[8] - now)
+            for row in rows
+        ]
+        return min(waits, default=None)
 
     def run(self, stop: StopToken, *, lease: v.Duration = 30.0, owner: str | None = None) -> None:
-        """Lead (or wait to lead) until ``stop``: renew → fire → sleep. Raises
-        LeadershipLost when the lease could not be renewed, before ticking again."""
+        """Lead (or wait to lead) until ``stop``: renew → fire → sleep, riding out database
+        errors (see ``LeaderLoop``). Raises LeadershipLost when the database refused to renew
+        the lease, before ticking again."""
+        from ._schedule_runner import LeaderLoop
+
         ttl = v.duration(lease, "lease", inclusive=False)
-        owner = owner or f"scheduler-{uuid.uuid4().hex}"
-        lock = Lock(self.store, LEADER_LOCK)
-        renew_every = ttl / 3
-        while not stop.stopped:
-            if lock.acquire(owner, ttl):
-                break
-            stop.wait(renew_every)
-        else:
-            return
-        log.info("scheduler %s leads (lease %.1fs)", owner, ttl)
-        try:
-            while not stop.stopped:
-                if not lock.renew(owner, ttl):
-                    raise LeadershipLost(f"scheduler {owner} could not renew its lease")
-                self.tick()
-                wait = self._seconds_to_next_fire()
-                stop.wait(renew_every if wait is None else min(renew_every, wait + 0.001))
-        finally:
-            if stop.stopped:
-                lock.release(owner)
+        LeaderLoop(self, ttl, owner or f"scheduler-{uuid.uuid4().hex}").run(stop)

@@ -1,4 +1,6 @@
-"""Store: binds an engine, a schema and a clock; the registry the transactional functions use."""
+"""Store: binds an engine, a schema and a clock; registers itself for the transactional
+functions (_registry) and runs its own operations on connections kept under the engine's
+pool rules (_connections)."""
 
 from __future__ import annotations
 
@@ -6,17 +8,25 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.pool import NullPool
 
+from . import _registry
 from . import _validate as v
 from ._backends import Backend, backend_for
-from ._conn import ConnectionCache, Lease, SessionExecutor
+from ._conn import Lease, SessionExecutor
+from ._connections import ConnectionCache, orphan
+from ._registry import DEFAULT_MAX_PAYLOAD
+from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, transactional
+from ._registry import store_for as store_for
 from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
+from ._urls import engine_from_url
 from .errors import InvalidOptions, StoreClosed
 from .model import Job, QueueStats, Schedule
 from .schema import DEFAULT_SCHEMA
@@ -31,7 +41,6 @@ if TYPE_CHECKING:
     from .streams import Stream
 
 Clock = Callable[[], float]
-DEFAULT_MAX_PAYLOAD = 1 << 20
 
 
 class Store:
@@ -50,6 +59,7 @@ class Store:
         schema: str = DEFAULT_SCHEMA,
         clock: Clock | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+        listen_url: Engine | str | URL | None = None,
     ) -> None:
         if not isinstance(schema, str) or not schema or "\x00" in schema or len(schema.encode("utf-8", "surrogatepass")) > 63:
             raise InvalidOptions("schema must be a non-empty str of at most 63 bytes without NUL")
@@ -58,7 +68,7 @@ class Store:
         if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
             raise InvalidOptions("max_payload_bytes must be a positive int")
         if isinstance(engine_or_url, (str, URL)):
-            engine = sa.create_engine(engine_or_url)
+            engine = engine_from_url(engine_or_url)  # postgres:// etc. mean psycopg 3 (SPEC §4)
             self._owns_engine = True
         elif isinstance(engine_or_url, Engine):
             engine = engine_or_url
@@ -72,14 +82,37 @@ class Store:
         self.backend: Backend = backend_for(engine.dialect.name, schema)
         if self.backend.name == "sqlite":
             configure_sqlite_engine(engine)
+        self._listen_engine, self._owns_listen_engine = self._listener_engine(listen_url)
         self._conns = ConnectionCache(engine, self.backend)
         self._hub: Any = None
         self._hub_pid = 0
         self._hub_lock = threading.Lock()
         self._closed = False
         self._schema_checked = False
-        self._extra_pools: list[Any] = []
-        _register(self)
+        # engines register()ed besides our own: held weakly, as the registry holds them
+        self._extra_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+        _registry.register(self, engine)
+
+    def _listener_engine(self, listen_url: Engine | str | URL | None) -> tuple[Engine | None, bool]:
+        """Where the PostgreSQL listener connects when not through ``engine`` (a direct
+        connection beside a transaction-mode pooler, which cannot carry LISTEN): an Engine as
+        given, or one the store makes from a URL (NullPool: the listener holds its one
+        connection for good) and disposes at ``close()``."""
+        if listen_url is None:
+            return None, False
+        if self.backend.name != "postgresql":
+            raise InvalidOptions("listen_url is for PostgreSQL stores (SQLite wakes through its watcher)")
+        if isinstance(listen_url, Engine):
+            if listen_url.dialect.name != "postgresql":
+                raise InvalidOptions("listen_url must reach the same PostgreSQL database as the store")
+            return listen_url, False
+        if isinstance(listen_url, (str, URL)):
+            engine = engine_from_url(listen_url, poolclass=NullPool)
+            if engine.dialect.name != "postgresql":
+                engine.dispose()
+                raise InvalidOptions("listen_url must be a PostgreSQL URL")
+            return engine, True
+        raise InvalidOptions("listen_url must be a URL or an Engine")
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -90,13 +123,18 @@ class Store:
 
         upgrade(self.engine, schema=self.schema)
         self._schema_checked = True
+        if self.backend.name == "sqlite":
+            # install switched the file to WAL: connections opened before it kept the
+            # stricter synchronous setting (the connect hook relaxes it only under WAL), so
+            # the pool starts afresh and every later connection gets synchronous=NORMAL
+            self.engine.dispose()
 
     def close(self) -> None:
         """Release the store's connections; every later operation raises StoreClosed."""
         if self._closed:
             return
         self._closed = True
-        _unregister(self)
+        _registry.unregister(self, [self.engine, *self._extra_engines])
         with self._hub_lock:
             hub, self._hub = self._hub, None
         if hub is not None and self._hub_pid == os.getpid():
@@ -104,6 +142,8 @@ class Store:
         self._conns.close()
         if self._owns_engine:
             self.engine.dispose()
+        if self._owns_listen_engine and self._listen_engine is not None:
+            self._listen_engine.dispose()
 
     def register(self, engine: Any) -> None:
         """Also serve ``alk.enqueue(session, ...)`` and the other transactional functions
@@ -113,9 +153,8 @@ class Store:
         sync_engine = getattr(engine, "sync_engine", engine)
         if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
             raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
-        with _registry_lock:
-            _registry[sync_engine.pool] = self
-            self._extra_pools.append(sync_engine.pool)
+        _registry.register(self, sync_engine)
+        self._extra_engines.add(_registry.root_engine(sync_engine))
 
     def __enter__(self) -> Store:
         return self
@@ -233,14 +272,16 @@ class Store:
         self._check_open()
         with self._hub_lock:
             if self._hub is None or self._hub_pid != os.getpid():
-                self._hub = self.backend.create_hub(self.engine)
+                if self._hub is not None:
+                    orphan(self._hub)  # the parent's (forked): never closed from here
+                self._hub = self.backend.create_hub(self.engine, self._listen_engine)
                 self._hub_pid = os.getpid()
             return self._hub
 
     def queue_stats(self) -> dict[str, QueueStats]:
         """Stats of every queue that has live or dead jobs, by name (one grouped pass over
         the tables: meant for operators, not for hot paths)."""
-        with self.executor() as ex:
+        with self.executor(retry=True) as ex:  # a read
             rows = self.backend.overview(ex, {"now": self.now()})
         (now,) = rows.pop(None)
         if now is None:
@@ -259,7 +300,7 @@ class Store:
         job_id = v.job_id(job_id)
         if not v.in_int64(job_id):
             return None
-        with self.executor() as ex:
+        with self.executor(retry=True) as ex:  # a read
             row = self.backend.get_job(ex, {"id": job_id}, by_queue=False)
         return None if row is None else job_from_row(row)
 
@@ -293,62 +334,19 @@ class Store:
             raise self.backend.translate_error(exc) from exc
         self._schema_checked = True
 
-    def executor(self) -> Lease:
-        """``with store.executor() as ex``: one of the store's connections for one operation."""
+    def executor(self, *, retry: bool = False) -> Lease:
+        """``with store.executor() as ex``: one of the store's connections for one operation.
+
+        ``retry=True``: the operation's statements may be run a second time on a fresh
+        connection after a disconnect, because a second run is harmless even when the
+        first one landed before the connection died (reads, idempotent or claim-fenced
+        writes — see ``Lease``). Never for enqueues and other writes that would repeat."""
         if self._closed:
             raise StoreClosed()
         if not self._schema_checked:  # once per store: the first operation verifies the schema
             self.check_schema()
-        return self._conns.lease()
+        return Lease(self._conns, retry)
 
     def session_executor(self, conn: Connection) -> SessionExecutor:
         self._check_open()
         return SessionExecutor(conn, self.backend)
-
-
-# -- registry: engine (by its pool, so Engine.execution_options() copies match) → Store ------
-
-_registry: dict[Any, Store] = {}
-_registry_lock = threading.Lock()
-_defaults: dict[tuple[str, int], _DefaultStore] = {}
-
-
-def _register(store: Store) -> None:
-    with _registry_lock:
-        _registry[store.engine.pool] = store
-
-
-def _unregister(store: Store) -> None:
-    with _registry_lock:
-        for pool in [store.engine.pool, *store._extra_pools]:
-            if _registry.get(pool) is store:
-                del _registry[pool]
-
-
-class _DefaultStore:
-    """What the transactional functions use for an engine no Store was made for."""
-
-    clock = None
-    schema = DEFAULT_SCHEMA
-    max_payload_bytes = DEFAULT_MAX_PAYLOAD
-
-    def __init__(self, dialect_name: str) -> None:
-        self.backend = backend_for(dialect_name, DEFAULT_SCHEMA)
-
-    def now(self) -> float | None:
-        return time.time() if self.backend.name == "sqlite" else None
-
-    def session_executor(self, conn: Connection) -> SessionExecutor:
-        return SessionExecutor(conn, self.backend)
-
-
-def store_for(conn: Connection) -> Store | _DefaultStore:
-    """The Store registered for this connection's engine, else the defaults."""
-    store = _registry.get(conn.engine.pool)
-    if store is not None:
-        return store
-    name = conn.dialect.name
-    default = _defaults.get((name, 0))
-    if default is None:
-        default = _defaults[(name, 0)] = _DefaultStore(name)
-    return default

@@ -10,18 +10,28 @@ automatically: ``trim_to`` is the bound, called deliberately (e.g. from a schedu
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
+from ._retry import TRANSIENT, Backoff, Outage
 from ._rows import ts
-from .errors import InvalidOptions
+from .errors import AlkstoreError, InvalidOptions
 from .model import Event
 from .stop import StopToken
 
 if TYPE_CHECKING:
     from .store import Store
+
+log = logging.getLogger("alkstore_sa")
+
+# A subscription's retries after a database error: 0.1 s, doubling, at most poll_interval
+# apart (as the worker's claims) but never more than 30 s (a long poll_interval is for wakes).
+RETRY_BASE, RETRY_CAP = 0.1, 30.0
+
 
 def _offset(value: object, what: str = "offset") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -112,14 +122,21 @@ class Stream:
     def _follow(self, consumer: str, stop: StopToken, wait: float, batch: int) -> Iterator[Event]:
         nudge = threading.Event()
         stop.on_stop(nudge.set)
-        hub = self.store.hub()
-        key = self.store.backend.stream_wake_key(self.name)
-        token = hub.watch_stream(key, nudge.set)
+        watch = self._watch(nudge.set, wait)
+        backoff = Backoff(RETRY_BASE, min(wait, RETRY_CAP))
+        outage = Outage(log, f"subscription {consumer!r} to stream {self.name!r}", backoff)
+        position: int | None = None  # read once the database answers
         try:
-            position = self.offset(consumer)
             while not stop.stopped:
                 nudge.clear()
-                events = self.read(after=position, limit=batch)
+                try:
+                    if position is None:
+                        position = self.offset(consumer)
+                    events = self.read(after=position, limit=batch)
+                except TRANSIENT as exc:
+                    stop.wait(outage.failed("could not read", exc))
+                    continue
+                outage.recovered()
                 for event in events:
                     if stop.stopped:
                         return
@@ -128,4 +145,20 @@ class Stream:
                 if len(events) < batch:
                     nudge.wait(wait)
         finally:
+            if watch is not None:
+                self._unwatch(watch)
+
+    def _watch(self, wake: Callable[[], None], wait: float) -> tuple[Any, str, int] | None:
+        """Wake on this stream's publishes; None (re-polling only) if the transport fails."""
+        try:
+            hub = self.store.hub()
+            key = self.store.backend.stream_wake_key(self.name)
+            return hub, key, hub.watch_stream(key, wake)
+        except TRANSIENT as exc:
+            log.warning("no wake-ups for stream %r (%s): polling every %.1fs", self.name, exc, wait)
+            return None
+
+    def _unwatch(self, watch: tuple[Any, str, int]) -> None:
+        hub, key, token = watch
+        with contextlib.suppress(AlkstoreError):  # a closed store's hub is already gone
             hub.unwatch_stream(key, token)

@@ -82,7 +82,13 @@ class Core(abc.ABC):
         dbapi_conn.execute("ROLLBACK")
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
+        """Whether ``exc`` (raised using ``dbapi_conn``) means the connection is gone."""
         return False
+
+    def alive_check(self, dbapi_conn: Any) -> Callable[[], bool] | None:
+        """A check, costing no round trip, that an idle connection of the store was not
+        dropped by the server meanwhile; None where connections cannot be dropped."""
+        return None
 
     @abc.abstractmethod
     def upsert(self, table: sa.Table) -> Any:
@@ -103,8 +109,8 @@ class Core(abc.ABC):
         """The key a stream's subscribers wait on."""
 
     @abc.abstractmethod
-    def create_hub(self, engine: Any) -> Any:
-        """The store's listener (PostgreSQL) or watcher (SQLite)."""
+    def create_hub(self, engine: Any, listen_engine: Any = None) -> Any:
+        """The store's listener (PostgreSQL; on ``listen_engine`` when given) or watcher (SQLite)."""
 
     @abc.abstractmethod
     def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
@@ -147,8 +153,8 @@ class Core(abc.ABC):
 
     # -- shared predicates -----------------------------------------------------------------
 
-    def not_expired(self, t: Any = jobs) -> sa.ColumnElement[bool]:
-        return sa.or_(t.c.expires_at.is_(None), t.c.expires_at > self.now())
+    def not_expired(self, t: Any = jobs, now: Any = None) -> sa.ColumnElement[bool]:
+        return sa.or_(t.c.expires_at.is_(None), t.c.expires_at > (self.now() if now is None else now))
 
     def this_claim(self) -> sa.ColumnElement[bool]:
         """The validity predicate: processing under *this* claim, deadline not passed.
@@ -164,10 +170,10 @@ class Core(abc.ABC):
             jobs.c.claim_expires_at > self.now(),
         )
 
-    def dead_values(self, src: Any, last_error: Any, errors: Any = None) -> list[Any]:
+    def dead_values(self, src: Any, last_error: Any, errors: Any = None, now: Any = None) -> list[Any]:
         """Columns for an INSERT INTO dead SELECT from a live-shaped source ``src``."""
         cols = [src.c[f] for f in JOB_FIELDS if f != "errors"]
-        return cols + [src.c.errors if errors is None else errors, last_error, self.now()]
+        return cols + [src.c.errors if errors is None else errors, last_error, self.now() if now is None else now]
 
     DEAD_INSERT_COLUMNS = [f for f in JOB_FIELDS if f != "errors"] + ["errors", "last_error", "died_at"]
 

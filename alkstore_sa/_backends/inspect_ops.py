@@ -16,12 +16,16 @@ class InspectOps(Core):
     """Read-only queue views: the next due time, per-queue stats, the operator's overview."""
 
     def next_due(self, ex: Executor, params: Mapping[str, Any]) -> float | None:
-        """Seconds until the queue's next pending job becomes ready or its next claim lapses
-        (None: neither exists); lets an idle consumer sleep exactly that long.
+        """Seconds until a claim would next take or change a row of the queue: a pending job
+        becoming ready, or a claim lapsing (None: nothing will); lets an idle consumer sleep
+        exactly that long.
 
-        The pending side is a loose index scan over the claim index: one probe per distinct
-        priority (the first ``run_at`` of each), for the top ``NEXT_DUE_PRIORITIES``
-        priorities — never a scan of the backlog.
+        Only rows a claim can act on count: a row that expires before it becomes ready (or
+        before its claim lapses) is never claimed, only swept — counting it would make an
+        idle worker claim in a loop until ``sweep_expired`` runs. The pending side is a loose
+        index scan over the claim index: one probe per distinct priority (the first live
+        ``run_at`` of each), for the top ``NEXT_DUE_PRIORITIES`` priorities — never a scan
+        of the backlog.
         """
 
         def build() -> sa.Executable:
@@ -43,15 +47,23 @@ class InspectOps(Core):
                     prios.c.depth < sa.literal_column(str(NEXT_DUE_PRIORITIES)),
                 )
             )
+            # The index walk of each probe stops at the first row that is still alive when
+            # it comes due; expired rows in front of it (unswept) are the only ones it passes.
             first_run_at = (
                 sa.select(sa.func.min(jobs.c.run_at))
-                .where(pending, jobs.c.priority == prios.c.p)
+                .where(pending, jobs.c.priority == prios.c.p, self._alive_at(jobs.c.run_at))
                 .scalar_subquery()
             )
             next_run = sa.select(sa.func.min(first_run_at)).where(prios.c.p.is_not(None)).scalar_subquery()
+            # A lapsed claim with attempts left is reclaimed, one without is buried by the
+            # claim: either way only an unexpired row is touched.
             next_lapse = (
                 sa.select(sa.func.min(jobs.c.claim_expires_at))
-                .where(jobs.c.queue == queue, jobs.c.state == PROCESSING)
+                .where(
+                    jobs.c.queue == queue,
+                    jobs.c.state == PROCESSING,
+                    self._alive_at(jobs.c.claim_expires_at),
+                )
                 .scalar_subquery()
             )
             return sa.select(next_run, next_lapse, self.now())
@@ -59,6 +71,13 @@ class InspectOps(Core):
         next_run, next_lapse, now = ex.rows(self.sql("next_due", build), params)[0]
         times = [t for t in (next_run, next_lapse) if t is not None]
         return None if not times else max(0.0, min(times) - now)
+
+    def _alive_at(self, moment: Any) -> sa.ColumnElement[bool]:
+        """Not expired now, nor by ``moment`` (when a claim would next look at the row)."""
+        return sa.or_(
+            jobs.c.expires_at.is_(None),
+            sa.and_(jobs.c.expires_at > self.now(), jobs.c.expires_at > moment),
+        )
 
     def overview(self, ex: Executor, params: Mapping[str, Any]) -> dict[Any, list[Any]]:
         """Per queue: [pending, ready, processing, dead, oldest ready run_at], plus ``now``

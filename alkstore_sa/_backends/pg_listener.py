@@ -1,7 +1,14 @@
 """PostgreSQL LISTEN/NOTIFY: one dedicated autocommit connection per store, on one thread,
 fanning notifications out to subscriptions. It reconnects and re-LISTENs on its own after
 the connection is lost (notifications sent meanwhile are lost: wakes are never replayed,
-which is why every wake-driven loop also re-polls)."""
+which is why every wake-driven loop also re-polls).
+
+Nothing the thread does can block without a bound: every statement it sends (LISTEN,
+UNLISTEN, the idle health check) must be answered within ``HEALTH_CHECK_TIMEOUT`` or the
+connection is declared dead, and the socket carries TCP keepalives and a
+``TCP_USER_TIMEOUT``, so a half-open connection is found in well under a minute (the
+bounded I/O is in ``pg_wire``). It waits with ``selectors`` (poll), never ``select()``,
+which fails for descriptors >= 1024."""
 
 from __future__ import annotations
 
@@ -9,61 +16,96 @@ import contextlib
 import logging
 import os
 import queue
-import select
+import selectors
 import threading
 import time
+import uuid
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .._fanout import Deliver, FanOut
+from .._fanout import Deliver, FanOut, new_selector
 from ..errors import DatabaseError, StoreClosed
+from .pg_wire import ListenConnection, tune_socket
 
 log = logging.getLogger("alkstore_sa")
 
-_HEALTH_CHECK_SECONDS = 30.0
-_LISTEN_TIMEOUT = 30.0
+# Module-level so that an application (or a test) can tune them; read at each use.
+HEALTH_CHECK_INTERVAL = 30.0  # idle seconds before the listener checks its connection
+HEALTH_CHECK_TIMEOUT = 10.0  # seconds any statement of the listener may wait for its answer
+LISTEN_TIMEOUT = 30.0  # how long listen() waits for a listener that cannot connect
+PROBE_TIMEOUT = 10.0  # how long the round-trip probe waits for its own notification
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3  # seconds, seconds, probes
+TCP_USER_TIMEOUT_MS = 30_000  # unacknowledged data older than this kills the connection
+
+_PROBE_WARNING = (
+    "alkstore: LISTEN does not work through this connection: a probe notification sent "
+    "from another connection did not arrive within %.0fs (PgBouncer in transaction pooling "
+    "mode?). Workers and stream subscribers fall back to polling every poll_interval and "
+    "store.listen() receives nothing; give the listener a direct connection (docs/pgbouncer.md)."
+)
 
 
 class PgHub:
-    """Owns the LISTEN connection; subscribe() returns once the channel is LISTENed."""
+    """Owns the LISTEN connection; subscribe() returns once the channel is LISTENed.
 
-    def __init__(self, engine: Engine) -> None:
+    ``listen_engine`` (default: ``engine``) is where the listener connects — a direct
+    connection when the application's engine goes through a transaction pooler."""
+
+    def __init__(self, engine: Engine, listen_engine: Engine | None = None) -> None:
         self._engine = engine
+        self._listen_engine = listen_engine or engine
         self.fanout = FanOut()
         self._queue_keys: set[str] = set()
-        self._commands: queue.SimpleQueue[tuple[str, str, threading.Event]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._pipe_lock = threading.Lock()  # no write to the pipe once close() closed it
         self._closed = threading.Event()
-        self._conn: Any = None
-        self._listening: set[str] = set()
+        # _state guards what subscribers wait on: the keys LISTENed on the live connection,
+        # and how many connection attempts failed (a watch stops waiting on a failure)
+        self._state = threading.Condition()
+        self._active: set[str] = set()
+        self._failures = 0
+        self._last_error = "not connected yet"
+        self._conn: ListenConnection | None = None
+        self._generation = 0  # connections made so far: a probe spanning a reconnect proves nothing
+        self._probe_key = "__alkstore_probe_" + uuid.uuid4().hex
+        self._probe = "pending"  # pending → running → done
+        self._probe_seen = threading.Event()
+        self._probe_thread: threading.Thread | None = None
+        # the round-trip probe's verdict: None until it ran, False where notifications do
+        # not come through (PgBouncer's transaction pooling; logged once as a WARNING)
+        self.listen_works: bool | None = None
         self._thread = threading.Thread(target=self._run, name="alkstore-pg-listener", daemon=True)
         self._thread.start()
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The listener connection's server process id, None while disconnected
+        (diagnostics: find it in ``pg_stat_activity``)."""
+        conn = self._conn
+        return None if conn is None else conn.backend_pid
 
     # -- caller side -------------------------------------------------------------------
 
     def subscribe(self, key: str, deliver: Deliver) -> int:
-        if self._closed.is_set():
-            raise StoreClosed()
-        token, first = self.fanout.add(key, deliver)
-        if first:
-            done = threading.Event()
-            self._send("listen", key, done)
-            if not done.wait(_LISTEN_TIMEOUT):
-                self.fanout.remove(key, token)
-                raise DatabaseError("could not LISTEN: the listener connection is not available")
-        return token
+        """Register ``deliver`` and return once ``key`` is LISTENed on a live connection —
+        also when another subscriber's LISTEN of it is still in flight. A listener that
+        cannot get there within ``LISTEN_TIMEOUT`` raises DatabaseError (registration undone)."""
+        return self._register(key, deliver, strict=True)
 
     def unsubscribe(self, key: str, token: int) -> None:
         if self.fanout.remove(key, token):
-            self._send("unlisten", key, threading.Event())
+            self._send("unlisten", key)
 
     def watch_queue(self, key: str, wake: Any) -> int:
         """Call ``wake()`` on every committed enqueue to the queue whose wake channel is
-        ``key`` — and after every reconnection, since wakes sent meanwhile were lost."""
+        ``key`` — and after every reconnection, since wakes sent meanwhile were lost.
+        Never fails for an unreachable database: the watch stays registered, is LISTENed
+        when the listener connects, and the consumer's re-poll covers the gap."""
         self._queue_keys.add(key)
-        return self.subscribe(key, lambda _seq, _payload: wake())
+        return self._register(key, lambda _seq, _payload: wake(), strict=False)
 
     def unwatch_queue(self, key: str, token: int) -> None:
         self.unsubscribe(key, token)
@@ -80,7 +122,12 @@ class PgHub:
                 return
             self._closed.set()
             os.write(self._wake_w, b"x")
+        with self._state:
+            self._state.notify_all()
+        self._probe_seen.set()  # a probe in progress stops waiting (and judges nothing)
         self._thread.join(timeout=5)
+        if self._probe_thread is not None:
+            self._probe_thread.join(timeout=5)  # it may hold one of the engine's connections
         with self._pipe_lock:
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
@@ -89,97 +136,188 @@ class PgHub:
         for key in list(self._queue_keys):
             self.fanout.dispatch(key, 0, "")
 
-    def _send(self, op: str, key: str, done: threading.Event) -> None:
+    def _register(self, key: str, deliver: Deliver, *, strict: bool) -> int:
+        if self._closed.is_set():
+            raise StoreClosed()
+        token, first = self.fanout.add(key, deliver)
+        if first:
+            self._send("listen", key)
+        try:
+            self._await_listen(key, strict)
+        except BaseException:
+            self.unsubscribe(key, token)
+            raise
+        return token
+
+    def _await_listen(self, key: str, strict: bool) -> None:
+        deadline = time.monotonic() + LISTEN_TIMEOUT
+        with self._state:
+            failures = self._failures
+            while key not in self._active:
+                if self._closed.is_set():
+                    raise StoreClosed()
+                if not strict and self._failures != failures:
+                    return  # the listener is down: LISTENed (and woken) once it reconnects
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if not strict:
+                        return
+                    raise DatabaseError(
+                        f"could not LISTEN within {LISTEN_TIMEOUT:g}s: the listener connection "
+                        f"is not available ({self._last_error})"
+                    )
+                self._state.wait(left)
+
+    def _send(self, op: str, key: str) -> None:
         with self._pipe_lock:
             if self._closed.is_set():
-                done.set()  # nothing to LISTEN/UNLISTEN any more
-                return
-            self._commands.put((op, key, done))
+                return  # nothing to LISTEN/UNLISTEN any more
+            self._commands.put((op, key))
             os.write(self._wake_w, b"x")
 
     # -- listener thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         backoff = 0.05
+        down_since: float | None = None
         while not self._closed.is_set():
             try:
-                self._connect()
-                backoff = 0.05
-                self._loop()
+                conn = self._connect()
+                if down_since is not None:
+                    log.info("alkstore listener reconnected after %.1fs", time.monotonic() - down_since)
+                down_since, backoff = None, 0.05
+                self._loop(conn)
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect
                 if self._closed.is_set():
                     break
-                log.warning("alkstore listener connection lost (%s); reconnecting in %.2fs", exc, backoff)
-                self._drop()
+                self._lost(exc)
+                if down_since is None:  # once per outage, not per attempt
+                    down_since = time.monotonic()
+                    log.warning("alkstore listener connection lost (%s); reconnecting", exc)
+                else:
+                    log.debug("alkstore listener still cannot connect (%s)", exc)
                 self._closed.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
         self._drop()
 
-    def _connect(self) -> None:
-        proxied = self._engine.raw_connection()
+    def _connect(self) -> ListenConnection:
+        proxied = self._listen_engine.raw_connection()
         proxied.detach()  # ours for good: not returned to the application's pool
-        conn: Any = proxied.dbapi_connection
-        conn.autocommit = True
-        conn.add_notify_handler(self._on_notify)
-        self._conn = conn
-        self._listening = set()
+        self._conn = conn = ListenConnection(proxied.dbapi_connection, self._dispatch)
+        tune_socket(
+            conn.fileno, idle=KEEPALIVE_IDLE, interval=KEEPALIVE_INTERVAL, count=KEEPALIVE_COUNT,
+            user_timeout_ms=TCP_USER_TIMEOUT_MS,
+        )
+        self._generation += 1
+        probe = self._probe == "pending"  # decided once: the probe thread may reset it
+        if probe:  # first, so the last query shown is a real LISTEN
+            self._execute("LISTEN", self._probe_key)
         for key in self.fanout.channel_keys():
             self._listen(key)
-        self._drain_commands()  # pending subscribers are satisfied by the re-LISTEN
+        self._drain_commands()
         for key in list(self._queue_keys):
             self.fanout.dispatch(key, 0, "")
+        if probe:
+            self._probe = "running"
+            self._probe_thread = threading.Thread(target=self._run_probe, name="alkstore-listen-probe", daemon=True)
+            self._probe_thread.start()
+        return conn
+
+    def _lost(self, exc: BaseException) -> None:
+        self._drop()
+        with self._state:
+            self._active.clear()
+            self._failures += 1
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._state.notify_all()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):  # already broken
-                conn.close()
+            conn.close()
 
     def _listen(self, key: str) -> None:
-        from psycopg import sql
+        if not self.fanout.has(key) or key in self._active:
+            return
+        self._execute("LISTEN", key)
+        with self._state:
+            self._active.add(key)
+            self._state.notify_all()
 
-        if key not in self._listening:
-            self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(key)))
-            self._listening.add(key)
+    def _unlisten(self, key: str) -> None:
+        with self._state:
+            # Atomic with a new subscriber's "add, then check _active": either it was added
+            # before this check (nothing to do), or it waits for its own queued LISTEN.
+            if self.fanout.has(key) or key not in self._active:
+                return
+            self._active.discard(key)
+        self._execute("UNLISTEN", key)
 
     def _drain_commands(self) -> None:
-        from psycopg import sql
-
         while True:
             try:
-                op, key, done = self._commands.get_nowait()
+                op, key = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if op == "listen" and self.fanout.has(key):
+            if op == "listen":
                 self._listen(key)
-            elif op == "unlisten" and not self.fanout.has(key) and key in self._listening:
-                self._conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(key)))
-                self._listening.discard(key)
-            done.set()
+            else:
+                self._unlisten(key)
 
-    def _loop(self) -> None:
-        conn = self._conn
-        fd = conn.fileno()
-        last_traffic = time.monotonic()
-        while not self._closed.is_set():
-            readable, _, _ = select.select([fd, self._wake_r], [], [], _HEALTH_CHECK_SECONDS)
-            if self._wake_r in readable:
-                os.read(self._wake_r, 4096)
+    def _loop(self, conn: ListenConnection) -> None:
+        with new_selector() as sel:
+            sel.register(conn.fileno, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._closed.is_set():
+                idle_left = conn.last_traffic + HEALTH_CHECK_INTERVAL - time.monotonic()
+                ready = {k.fd for k, _ in sel.select(max(0.0, idle_left))}
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                if conn.fileno in ready:
+                    conn.receive()
                 self._drain_commands()
-            if fd in readable:
-                last_traffic = time.monotonic()
-                pgconn = conn.pgconn
-                pgconn.consume_input()
-                while (n := pgconn.notifies()) is not None:
-                    self._dispatch(n.relname.decode(), n.extra.decode())
-                if conn.closed or conn.broken or pgconn.status != 0:  # 0 = CONNECTION_OK
-                    raise ConnectionError("listener connection closed by the server")
-            elif not readable and time.monotonic() - last_traffic >= _HEALTH_CHECK_SECONDS:
-                conn.execute("SELECT 1")  # finds half-open connections
-                last_traffic = time.monotonic()
+                if time.monotonic() - conn.last_traffic >= HEALTH_CHECK_INTERVAL:
+                    self._execute("SELECT 1")  # finds half-open connections, within a bound
 
-    def _on_notify(self, n: Any) -> None:
-        self._dispatch(n.channel, n.payload)
+    def _execute(self, command: str, key: str | None = None) -> None:
+        if self._conn is None:
+            raise ConnectionError("the listener has no connection")
+        self._conn.execute(command, key, HEALTH_CHECK_TIMEOUT)
 
     def _dispatch(self, key: str, payload: str) -> None:
-        self.fanout.dispatch(key, 0, payload)
+        if key == self._probe_key:
+            self._probe_seen.set()
+        else:
+            self.fanout.dispatch(key, 0, payload)
+
+    # -- the round-trip probe ----------------------------------------------------------
+
+    def _run_probe(self) -> None:
+        """Notify the probe channel (LISTENed at connect) from another connection of the
+        application's engine — the path every real notify takes — and warn once if it
+        never arrives: behind a transaction pooler LISTEN is silently useless."""
+        generation = self._generation
+        notify = sa.select(
+            sa.func.pg_catalog.pg_notify(sa.bindparam("channel", type_=sa.Text), sa.literal_column("''"))
+        )
+        self._probe_seen.clear()  # before the closed check: close() sets it after setting closed
+        if self._closed.is_set():
+            return
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(notify, {"channel": self._probe_key})
+        except Exception as exc:  # noqa: BLE001 - no verdict now; probe again at the next connect
+            log.debug("alkstore listener probe could not notify (%s)", exc)
+            self._probe = "pending"
+            return
+        arrived = self._probe_seen.wait(PROBE_TIMEOUT)
+        if self._closed.is_set():
+            self._probe = "done"
+        elif arrived:
+            self.listen_works, self._probe = True, "done"
+        elif self._generation != generation or self._conn is None:
+            self._probe = "pending"  # reconnected meanwhile: the LISTEN it relied on is gone
+        else:
+            self.listen_works, self._probe = False, "done"
+            log.warning(_PROBE_WARNING, PROBE_TIMEOUT)
+

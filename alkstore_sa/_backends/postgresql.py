@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping
+import os
+import select
+import socket
+import struct
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,10 +19,13 @@ from sqlalchemy.engine import Dialect
 
 from ..schema import JOB_FIELDS, dead_jobs, jobs, stream_events
 from .base import Backend
+from .pg_dialect import CatalogDialect
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, Executor, bp
 
 # sqlstates: undefined_table, invalid_schema_name
 _MISSING = {"42P01", "3F000"}
+# sqlstates: admin_shutdown, crash_shutdown, cannot_connect_now
+_GOING_AWAY = {"57P01", "57P02", "57P03"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -35,11 +43,48 @@ def _materialized(select: sa.Select[Any], name: str) -> sa.CTE:
     return select.cte(name).prefix_with("MATERIALIZED")
 
 
+_direct: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_DIRECTNESS_SQL = (
+    "SELECT pg_catalog.pg_backend_pid(), pg_catalog.inet_client_port(), pg_catalog.inet_server_port()"
+)
+
+
+def _reaches_server_directly(dbapi_conn: Any) -> bool:
+    """Whether the server's end of this connection is our socket's peer (no pooler or proxy
+    in between): for TCP, the server sees our local port and we see its port; for a Unix
+    socket, our peer is the postmaster that forked the backend. One round trip per physical
+    connection (remembered); False whenever it cannot be shown."""
+    known = _direct.get(dbapi_conn)
+    if known is None:
+        try:
+            known = _check_directness(dbapi_conn)
+        except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
+            known = False
+        _direct[dbapi_conn] = known
+    return known
+
+
+def _check_directness(dbapi_conn: Any) -> bool:
+    backend_pid, client_port, server_port = dbapi_conn.execute(_DIRECTNESS_SQL).fetchone()
+    with socket.socket(fileno=os.dup(dbapi_conn.pgconn.socket)) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            return bool(client_port == sock.getsockname()[1] and server_port == sock.getpeername()[1])
+        if sock.family == socket.AF_UNIX and client_port is None and hasattr(socket, "SO_PEERCRED"):
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer_pid = struct.unpack("3i", creds)[0]
+            with open(f"/proc/{int(backend_pid)}/status") as status:
+                parent = next(line for line in status if line.startswith("PPid:"))
+            return peer_pid == int(parent.split()[1])
+    return False
+
+
 class PostgresBackend(Backend):
     name = "postgresql"
 
     def compile_dialect(self) -> Dialect:
-        return postgresql.psycopg.dialect()
+        # psycopg's, with every function, operator and type name resolved in pg_catalog
+        # (a hostile search_path cannot substitute its own): see pg_dialect
+        return CatalogDialect()
 
     def target_schema(self) -> str:
         return self.schema
@@ -66,15 +111,46 @@ class PostgresBackend(Backend):
         return sa.cast(appended, sa.Text)
 
     def prepare_connection(self, dbapi_conn: Any) -> Any:
-        saved = dbapi_conn.autocommit
+        saved = (dbapi_conn.autocommit, dbapi_conn.prepare_threshold)
         dbapi_conn.autocommit = True
+        # Server-side prepared statements (psycopg prepares a statement after 5 runs) only
+        # where the connection provably reaches the server directly. Behind a
+        # transaction-mode pooler (PgBouncer) they are named per client and collide across
+        # clients: a claim's parameters were seen bound to *another client's* statement.
+        # Never preparing costs 2-3x on enqueue and claim (the claim's plan is what the
+        # prepared statement saves; docs/connections.md), so a direct connection keeps the
+        # engine's setting and anything unproven (a pooler, any proxy) gets the safe one.
+        if saved[1] is not None and not _reaches_server_directly(dbapi_conn):
+            dbapi_conn.prepare_threshold = None
         return saved
 
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
-        dbapi_conn.autocommit = saved
+        dbapi_conn.autocommit, dbapi_conn.prepare_threshold = saved
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
-        return bool(getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False))
+        if getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False):
+            return True
+        state = getattr(getattr(exc, "orig", None) or exc, "sqlstate", None) or ""
+        # class 08: connection exceptions; 57P01-03: the server is shutting down or restarting
+        return state.startswith("08") or state in _GOING_AWAY
+
+    def alive_check(self, dbapi_conn: Any) -> Callable[[], bool] | None:
+        # The store's connections are idle in autocommit and never LISTEN between
+        # operations: the server has nothing to tell them. A readable socket is therefore
+        # its goodbye (a FATAL "terminating connection" from a restart or
+        # pg_terminate_backend, or EOF), seen before any statement is sent on it. poll()
+        # rather than select(): descriptors may be >= 1024.
+        try:
+            fd = dbapi_conn.pgconn.socket
+        except Exception:  # noqa: BLE001 - no socket: the connection is already lost
+            return lambda: False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+
+        def alive() -> bool:
+            return not (dbapi_conn.closed or dbapi_conn.broken or poller.poll(0))
+
+        return alive
 
     def upsert(self, table: sa.Table) -> Any:
         return postgresql.insert(table)
@@ -100,10 +176,10 @@ class PostgresBackend(Backend):
         rows = ex.rows(self.sql("stream_publish", build), {**params, "wake": self.stream_wake_key(params["stream"])})
         return int(rows[0][0])
 
-    def create_hub(self, engine: Any) -> Any:
+    def create_hub(self, engine: Any, listen_engine: Any = None) -> Any:
         from .pg_listener import PgHub
 
-        return PgHub(engine)
+        return PgHub(engine, listen_engine)
 
     def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
         sql = self.sql(
@@ -139,12 +215,16 @@ class PostgresBackend(Backend):
 
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         def build() -> sa.Executable:
-            # The scans read an alias: psycopg caches its parse of a query only up to 4 KiB,
-            # and schema-qualified column names everywhere would push the claim past that.
+            # The scans read an alias, and the statement's one clock reading is written
+            # once (a CTE the nine uses read): psycopg caches its parse of a query only up
+            # to 4 KiB, and schema-qualified column names and the pg_catalog-qualified
+            # clock expression at every use would push the claim past that.
             j = jobs.alias("j")
+            clock = sa.select(self.now().label("t")).cte("clock")
+            now = sa.select(clock.c.t).scalar_subquery()
             # 1. exhausted reclaimables move to dead in the same statement as the claim
             exhausted = _materialized(
-                sa.select(j.c.id).where(self._exhausted(j)).with_for_update(skip_locked=True),
+                sa.select(j.c.id).where(self._exhausted(j, now)).with_for_update(skip_locked=True),
                 "exhausted",
             )
             g: Any = jobs.alias("g")  # an Alias at run time; typed as a NamedFromClause
@@ -155,10 +235,10 @@ class PostgresBackend(Backend):
                 .cte("gone")
             )
             buried = sa.insert(dead_jobs).from_select(
-                self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(gone, EXHAUSTED_SQL))
+                self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(gone, EXHAUSTED_SQL, now=now))
             ).cte("buried")
             # 2. each candidate scan locks what it takes and skips what others hold
-            pending, lapsed = self._claimable(j)
+            pending, lapsed = self._claimable(j, now)
             pend = _materialized(pending.with_for_update(skip_locked=True), "pend")
             recl = _materialized(lapsed.with_for_update(skip_locked=True), "recl")
             both = sa.union_all(sa.select(pend), sa.select(recl)).subquery("cand")
@@ -172,7 +252,7 @@ class PostgresBackend(Backend):
             return (
                 sa.update(u)
                 .where(u.c.id == picked.c.id)
-                .values(self._claim_values(u))
+                .values(self._claim_values(u, now))
                 .returning(*[u.c[f] for f in JOB_FIELDS], u.c.state)
                 .add_cte(buried)
             )
@@ -209,11 +289,14 @@ class PostgresBackend(Backend):
 
     def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> int:
         def build() -> sa.Executable:
-            pairs = sa.func.unnest(
-                bp("ids", postgresql.ARRAY(sa.BigInteger)), bp("attempts", postgresql.ARRAY(sa.Integer))
-            ).table_valued("id", "attempts").render_derived()
-            claim = sa.tuple_(jobs.c.id, jobs.c.attempts).in_(sa.select(pairs.c.id, pairs.c.attempts))
-            return self._ack_batch(claim)
+            # two set-returning calls in one select list run in lockstep: the (id, attempts)
+            # pairs (the multi-argument unnest() in FROM is syntax that cannot be written
+            # schema-qualified)
+            pairs = sa.select(
+                sa.func.unnest(bp("ids", postgresql.ARRAY(sa.BigInteger))),
+                sa.func.unnest(bp("attempts", postgresql.ARRAY(sa.Integer))),
+            )
+            return self._ack_batch(sa.tuple_(jobs.c.id, jobs.c.attempts).in_(pairs))
 
         return ex.rowcount(self.sql("ack_claims", build), params)
 

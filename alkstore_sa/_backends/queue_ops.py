@@ -79,17 +79,18 @@ class QueueOps(Core):
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Move exhausted reclaimables to dead, then claim up to ``:n`` jobs, atomically."""
 
-    def _claimable(self, t: Any = jobs) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    def _claimable(self, t: Any = jobs, now: Any = None) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two candidate scans, each an ordered index range: ready pending rows, and
         processing rows whose claim lapsed with attempts left (reclaims). ``t`` may be an
-        alias of the jobs table (shorter SQL: see PostgresBackend.claim)."""
-        now = self.now()
+        alias of the jobs table and ``now`` a reference to the statement's one clock
+        reading (shorter SQL: see PostgresBackend.claim)."""
+        now = self.now() if now is None else now
         order = (t.c.priority.desc(), t.c.run_at, t.c.id)
         cols = (t.c.id, t.c.priority, t.c.run_at)
         queue = t.c.queue == bp("queue", sa.Text)
         pending = (
             sa.select(*cols)
-            .where(queue, t.c.state == PENDING, t.c.run_at <= now, self.not_expired(t))
+            .where(queue, t.c.state == PENDING, t.c.run_at <= now, self.not_expired(t, now))
             .order_by(*order)
         )
         lapsed = (
@@ -99,24 +100,25 @@ class QueueOps(Core):
                 t.c.state == PROCESSING,
                 t.c.claim_expires_at <= now,
                 t.c.attempts < t.c.max_attempts,
-                self.not_expired(t),
+                self.not_expired(t, now),
             )
             .order_by(*order)
         )
         return self.limit(pending, "n"), self.limit(lapsed, "n")
 
-    def _exhausted(self, t: Any = jobs) -> sa.ColumnElement[bool]:
+    def _exhausted(self, t: Any = jobs, now: Any = None) -> sa.ColumnElement[bool]:
         """Reclaimable rows that already used every attempt: they go dead before a claim."""
+        now = self.now() if now is None else now
         return sa.and_(
             t.c.queue == bp("queue", sa.Text),
             t.c.state == PROCESSING,
-            t.c.claim_expires_at <= self.now(),
+            t.c.claim_expires_at <= now,
             t.c.attempts >= t.c.max_attempts,
-            self.not_expired(t),
+            self.not_expired(t, now),
         )
 
-    def _claim_values(self, t: Any = jobs) -> dict[str, Any]:
-        now = self.now()
+    def _claim_values(self, t: Any = jobs, now: Any = None) -> dict[str, Any]:
+        now = self.now() if now is None else now
         return {
             "state": PROCESSING,
             "attempts": t.c.attempts + ONE,

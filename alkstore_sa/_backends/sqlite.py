@@ -77,6 +77,11 @@ class SQLiteBackend(Backend):
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
         dbapi_conn.isolation_level = saved
 
+    def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
+        # a file database cannot be cut off; only a closed connection is gone
+        orig = getattr(exc, "orig", None) or exc
+        return isinstance(orig, sqlite3.ProgrammingError) and "closed" in str(orig)
+
     # IMMEDIATE takes the writer lock up front (waiting under the busy timeout), so a
     # transaction that reads before it writes can never fail on a lock upgrade.
     BEGIN = "BEGIN IMMEDIATE"
@@ -115,7 +120,7 @@ class SQLiteBackend(Backend):
             ex.rowcount(insert, {**params, "offset": offset})
         return offset
 
-    def create_hub(self, engine: Any) -> Any:
+    def create_hub(self, engine: Any, listen_engine: Any = None) -> Any:
         from .sqlite_watcher import SqliteHub
 
         return SqliteHub(engine, self)

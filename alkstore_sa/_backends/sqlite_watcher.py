@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
+import selectors
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from .._conn import RawExecutor
-from .._fanout import Deliver, FanOut
+from .._fanout import Deliver, FanOut, new_selector
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
 
@@ -128,13 +128,19 @@ class SqliteHub:
     # -- watcher thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        fds = [self._wake_r] + ([self._watch.fd] if self._watch else [])
+        with new_selector() as sel:  # not select(): it fails for descriptors >= 1024
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            if self._watch is not None:
+                sel.register(self._watch.fd, selectors.EVENT_READ)
+            self._watch_loop(sel)
+
+    def _watch_loop(self, sel: selectors.BaseSelector) -> None:
         idle = SAFETY_POLL if self._watch else POLL_FALLBACK
         retries: list[float] = []
         while not self._closed.is_set():
             try:
                 timeout = retries.pop(0) if retries else idle
-                readable, _, _ = select.select(fds, [], [], timeout)
+                readable = {key.fd for key, _ in sel.select(timeout)}
                 if self._closed.is_set():
                     return
                 event = self._watch is not None and self._watch.fd in readable

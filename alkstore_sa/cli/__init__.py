@@ -1,36 +1,70 @@
 """The ``alkstore`` command line. Each subcommand lives in its own module and registers
-itself through ``register(subparsers)``."""
+itself through ``register(subparsers)``; how failures end (one line, an exit code) is in
+``_errors``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
 
-from ..errors import AlkstoreError, NotInstalled
 from . import alembic_revision, dead, migrate, schedules, status, sweep, worker
+from ._errors import EXIT_CODES, report
 
 COMMANDS = [migrate, alembic_revision, worker, status, dead, sweep, schedules]
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (exit code 2), naming
+    the ``--help`` to read instead of printing the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="alkstore",
         description="Durable queues in your own database: migrate, run workers, inspect queues.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    _add_global_flags(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
+    for child in _subcommand_parsers(parser):
+        # accepted after the command too (`alkstore status --traceback`); SUPPRESS keeps a
+        # flag given before the command from being reset by the subcommand's default
+        _add_global_flags(child, default=argparse.SUPPRESS)
+        child.epilog = child.epilog or EXIT_CODES
+        child.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log at DEBUG level")
+    parser.add_argument(
+        "--traceback", action="store_true", default=default,
+        help="on failure, print the traceback above the one-line error",
+    )
+
+
+def _subcommand_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # an alias maps to the same parser
+                yield child
+                yield from _subcommand_parsers(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alkstore`` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
+    args = parser.parse_args(argv)  # a usage error exits 2 here, in one line
+    logging.basicConfig(  # stderr: the worker's start/stop lines and the signal it got
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
@@ -38,12 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
-    except NotInstalled as exc:
-        print(f"alkstore: {exc}", file=sys.stderr)
-        return 2
-    except AlkstoreError as exc:
-        print(f"alkstore: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    except (Exception, KeyboardInterrupt) as exc:  # every failure: one line and an exit code
+        return report(exc, args, show_traceback=args.traceback)
 
 
 if __name__ == "__main__":  # pragma: no cover

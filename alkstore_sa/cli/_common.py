@@ -1,45 +1,93 @@
-"""Options every command shares: the database URL and the PostgreSQL schema."""
+"""Options every command shares (the database URL and the PostgreSQL schema), opening the
+store, an option that refuses to be repeated, and stopping on signals."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
+from collections.abc import Sequence
 from typing import Any
 
+from .._urls import parse_url, sqlite_path
 from ..schema import DEFAULT_SCHEMA
 from ..stop import StopToken
 from ..store import Store
+from ._errors import UsageError
+
+log = logging.getLogger("alkstore_sa.cli")
 
 
 def add_database_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         default=os.environ.get("ALKSTORE_DATABASE_URL"),
-        help="SQLAlchemy database URL (default: $ALKSTORE_DATABASE_URL)",
+        help="database URL: postgresql://, postgres:// (psycopg 3) or sqlite:///path; driver "
+        "options go in its query, e.g. ?prepare_threshold=none (default: $ALKSTORE_DATABASE_URL)",
     )
     parser.add_argument(
         "--schema",
         default=os.environ.get("ALKSTORE_SCHEMA") or DEFAULT_SCHEMA,
         help="PostgreSQL schema of the alkstore tables (default: $ALKSTORE_SCHEMA or 'alkstore')",
     )
+    parser.add_argument(
+        "--listen-url",
+        default=os.environ.get("ALKSTORE_LISTEN_URL") or None,
+        help="PostgreSQL: a direct connection for LISTEN when --url goes through a "
+        "transaction-mode pooler (default: $ALKSTORE_LISTEN_URL, else --url); see docs/pgbouncer.md",
+    )
 
 
 def database_url(args: argparse.Namespace) -> str:
     if not args.url:
-        raise SystemExit("alkstore: no database URL: pass --url or set ALKSTORE_DATABASE_URL")
+        raise UsageError("no database URL: pass --url URL or set ALKSTORE_DATABASE_URL")
     return str(args.url)
 
 
 def open_store(args: argparse.Namespace) -> Store:
-    return Store(database_url(args), schema=args.schema)
+    """The store the command works on. The database must exist: only ``migrate`` creates
+    one (sqlite3 would otherwise create an empty file for a mistyped path)."""
+    url = parse_url(database_url(args))
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise UsageError(
+            f"the SQLite database {str(path)!r} does not exist: check --url, or create it with "
+            f"`alkstore migrate --url URL`"
+        )
+    return Store(url, schema=args.schema, listen_url=getattr(args, "listen_url", None))
 
 
-def stop_on_signals() -> StopToken:
-    """A StopToken that SIGTERM and SIGINT stop (graceful shutdown, exit code 0)."""
+class Once(argparse.Action):
+    """A single-valued option given twice is refused: argparse would silently keep the
+    last value (``--queue a --queue b`` would drop ``a``). ``hint`` says what to do instead."""
+
+    def __init__(self, *a: Any, hint: str = "", **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.hint = hint
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None, option_string: str | None = None,
+    ) -> None:
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None:
+            hint = f"; {self.hint}" if self.hint else ""
+            raise argparse.ArgumentError(self, f"given more than once ({earlier!r} and {values!r}){hint}")
+        setattr(namespace, self.dest, values)
+
+
+def stop_on_signals(stopping: str = "stopping") -> StopToken:
+    """A StopToken that SIGTERM and SIGINT stop (graceful shutdown, exit code 0); each
+    signal is logged with what happens next (``stopping``)."""
     stop = StopToken()
 
-    def on_signal(_signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if stop.stopped:
+            log.info("received %s again; already stopping", name)
+        else:
+            log.info("received %s; %s", name, stopping)
         stop.stop()
 
     signal.signal(signal.SIGTERM, on_signal)

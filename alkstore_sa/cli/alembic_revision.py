@@ -24,6 +24,7 @@ from alembic.util import CommandError, rev_id
 from .. import __version__, migrations
 from ..migrations import steps
 from ..schema import DEFAULT_SCHEMA
+from ._errors import UsageError
 
 STEPS_MARKER = "ALKSTORE_STEPS"
 SCHEMA_MARKER = "ALKSTORE_SCHEMA"
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         script = _app_scripts(args.config)
         plan, version_path = _plan(args, script)
     except CommandError as exc:
-        raise SystemExit(f"alkstore alembic-revision: {exc}") from exc
+        raise UsageError(f"alembic-revision: {exc}") from exc
     if plan is None:
         print(f"alkstore is already at step {args.to_step} in this chain: nothing to generate")
         return 0

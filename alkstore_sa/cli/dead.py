@@ -9,21 +9,21 @@ from datetime import datetime
 from typing import Any
 
 from ..model import Job
-from ._common import add_database_options, open_store
+from ._common import Once, add_database_options, open_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("dead", help="list, show or requeue dead jobs")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = actions.add_parser("list", help="dead jobs of a queue, newest first")
-    ls.add_argument("--queue", "-q", required=True)
+    ls.add_argument("--queue", "-q", required=True, action=Once, hint="list one queue at a time")
     ls.add_argument("--limit", type=int, default=20)
     ls.add_argument("--before", type=int, default=None, help="only ids below this (pagination)")
     ls.add_argument("--json", action="store_true")
     show = actions.add_parser("show", help="one job (live or dead) in full")
     show.add_argument("job_id", type=int)
     requeue = actions.add_parser("requeue", help="enqueue dead jobs afresh (new ids)")
-    requeue.add_argument("--queue", "-q", required=True)
+    requeue.add_argument("--queue", "-q", required=True, action=Once, hint="requeue from one queue at a time")
     requeue.add_argument("job_ids", type=int, nargs="+")
     for a in (ls, show, requeue):
         add_database_options(a)

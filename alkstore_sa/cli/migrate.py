@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-import sqlalchemy as sa
-
 from .. import migrations
+from .._urls import engine_from_url
 from ._common import add_database_options, database_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("migrate", help="install or upgrade the alkstore tables (idempotent)")
+    p = sub.add_parser("migrate", help="install or upgrade the alkstore tables (idempotent; creates a SQLite file)")
     add_database_options(p)
     p.add_argument("--revision", default="heads", help="target revision (default: head)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    engine = sa.create_engine(database_url(args))
+    engine = engine_from_url(database_url(args))  # the one command that may create a SQLite file
     try:
         migrations.upgrade(engine, schema=args.schema, revision=args.revision)
         with engine.connect() as conn:

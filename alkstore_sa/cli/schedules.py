@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
+from ..errors import LeadershipLost
 from ._common import add_database_options, open_store, stop_on_signals
+
+log = logging.getLogger("alkstore_sa")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,10 +45,16 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_runner(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT (exit 0). Database outages are ridden out inside
+    ``run_schedules``; a lost lease sends this runner back to waiting as a standby."""
     store = open_store(args)
     stop = stop_on_signals()
     try:
-        store.run_schedules(stop, lease=args.lease)
+        while not stop.stopped:
+            try:
+                store.run_schedules(stop, lease=args.lease)
+            except LeadershipLost as exc:
+                log.warning("%s; waiting to lead again", exc)
     finally:
         store.close()
     return 0

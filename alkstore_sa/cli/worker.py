@@ -1,4 +1,7 @@
-"""``alkstore worker MODULE:HANDLER --queue Q``: run a worker until SIGTERM/SIGINT."""
+"""``alkstore worker MODULE:OBJ``: run a worker until SIGTERM/SIGINT.
+
+``OBJ`` is a ``Tasks`` registry (serves every queue that has a task; ``--queue`` narrows) or
+a handler function (``--queue`` required; repeatable: the same handler for each queue)."""
 
 from __future__ import annotations
 
@@ -9,49 +12,100 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InvalidOptions
+from ..tasks import Tasks
 from ..worker import Worker
 from ._common import add_database_options, open_store, stop_on_signals
+from ._errors import TRACEBACK_HINT, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("worker", help="run jobs of a queue with a handler function")
-    p.add_argument("handler", metavar="MODULE:HANDLER", help="e.g. myapp.jobs:send_email")
-    p.add_argument("--queue", "-q", required=True, help="the queue to consume")
-    p.add_argument("-c", "--concurrency", type=int, default=4, help="handler threads (default 4)")
+    p = sub.add_parser("worker", help="run the jobs of a Tasks registry, or of queues with a handler")
+    p.add_argument(
+        "handler", metavar="MODULE:OBJ",
+        help="a Tasks registry (e.g. myapp.jobs:tasks) or a handler function (e.g. myapp.jobs:send_email)",
+    )
+    p.add_argument(
+        "--queue", "-q", action="append", default=None,
+        help="a queue to consume; repeatable. Required with a handler; narrows a Tasks registry",
+    )
+    p.add_argument(
+        "-c", "--concurrency", type=int, default=None,
+        help="jobs in flight at once (default 8 for a Tasks registry, 4 for a handler)",
+    )
     p.add_argument("--worker-id", default=None, help="claimant label (default host:pid:random)")
     p.add_argument("--batch-size", type=int, default=None, help="jobs per claim (default: concurrency)")
     p.add_argument("--poll-interval", type=float, default=5.0, help="re-poll safety net, seconds")
     p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight jobs get at shutdown")
-    p.add_argument("--burst", action="store_true", help="exit once the queue has nothing claimable")
+    p.add_argument("--burst", action="store_true", help="exit once no queue has anything claimable")
     add_database_options(p)
     p.set_defaults(func=run)
 
 
-def load_handler(spec: str) -> Callable[..., Any]:
+def load_handler(spec: str) -> Callable[..., Any] | Tasks:
     """Import ``module.path:attr.path`` (the current directory is importable, as with
-    ``python -m``)."""
+    ``python -m``). Every way it can fail is a UsageError naming the part to fix."""
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
-        raise SystemExit(f"alkstore: handler must look like MODULE:HANDLER, got {spec!r}")
+        raise UsageError(f"handler must look like MODULE:HANDLER (e.g. myapp.jobs:send_email), got {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    obj: Any = importlib.import_module(module_name)
+    obj: Any = _import(module_name, spec)
+    where = module_name
     for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise SystemExit(f"alkstore: {spec} is not callable")
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"handler {spec!r}: {where!r} has no attribute {part!r}; check the spelling") from None
+        where = f"{where}:{part}" if where == module_name else f"{where}.{part}"
+    if not callable(obj) and not isinstance(obj, Tasks):
+        raise UsageError(
+            f"handler {spec!r} is neither a Tasks registry nor callable (it is a {type(obj).__name__})"
+        )
     return obj  # type: ignore[no-any-return]
 
 
-def run(args: argparse.Namespace) -> int:
-    handler = load_handler(args.handler)
-    store = open_store(args)
-    stop = stop_on_signals()
+def _import(module_name: str, spec: str) -> Any:
     try:
-        worker = Worker(
-            store, args.queue, handler, concurrency=args.concurrency, worker_id=args.worker_id,
-            batch_size=args.batch_size, poll_interval=args.poll_interval, shutdown_grace=args.grace,
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UsageError(
+                f"handler {spec!r}: no module named {exc.name!r}; check the spelling, and run from "
+                f"the directory that contains it or add that directory to PYTHONPATH"
+            ) from exc
+        # the handler's module exists but one of its own imports is missing
+        raise UsageError(f"handler {spec!r}: importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:  # the module's own code raised while being imported
+        raise UsageError(
+            f"handler {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc} "
+            f"({TRACEBACK_HINT})"
+        ) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    target = load_handler(args.handler)
+    queues: list[str] | None = args.queue
+    if not isinstance(target, Tasks) and not queues:
+        raise UsageError(
+            f"--queue is required with a handler ({args.handler!r} is a function, not a Tasks registry); "
+            "see alkstore worker --help"
         )
+    store = open_store(args)
+    stop = stop_on_signals()  # the worker itself then logs what it is finishing
+    options: dict[str, Any] = {
+        "concurrency": args.concurrency, "worker_id": args.worker_id, "batch_size": args.batch_size,
+        "poll_interval": args.poll_interval, "shutdown_grace": args.grace,
+    }
+    try:
+        try:
+            if isinstance(target, Tasks):
+                worker = Worker(store, target, queues=queues, **options)
+            else:
+                assert queues  # checked above: a handler needs --queue
+                worker = Worker(store, queues, target, **options)
+        except InvalidOptions as exc:  # e.g. a --queue with no task in the registry
+            raise UsageError(str(exc)) from exc
         worker.run(stop, burst=args.burst)
         print(f"worker: {worker.processed} job(s) done", flush=True)
     finally:

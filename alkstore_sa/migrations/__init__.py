@@ -2,24 +2,39 @@
 
 The version table is ``alkstore_alembic_version`` (in the alkstore schema on PostgreSQL),
 so it never collides with an application's own ``alembic_version``.
+
+Revision ids carry the compatibility rule (docs/install.md, "Upgrades"): ``alkstore_NNNN``
+is schema step NNNN, usable by every library release of step 1 or later (the step is
+additive: new tables, new nullable or defaulted columns, new indexes — statements of older
+releases keep working and keep their meaning); ``alkstore_NNNN_rMMMM`` is step NNNN, usable
+only by releases that ship step MMMM or later (the step changed something older releases
+rely on). A library therefore accepts a database at a step it has never seen when that
+step's id says it may, and refuses with ``SchemaTooNew`` otherwise, without knowing the
+step itself.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from alembic.config import Config
+from alembic.util import CommandError
 from sqlalchemy.engine import Connection, Engine
 
 from alembic import command
 
+from ..errors import DatabaseError, InvalidOptions, NotInstalled, SchemaOutdated, SchemaTooNew
 from ..schema import DEFAULT_SCHEMA, VERSION_TABLE
+
+log = logging.getLogger("alkstore_sa")
 
 HERE = Path(__file__).resolve().parent
 _LOCK_KEY = 0x616C6B73  # "alks": serializes concurrent installs on PostgreSQL
@@ -65,11 +80,10 @@ def installing(connection: Connection, schema: str) -> Iterator[None]:
     WAL mode first (persistent in the file, impossible inside a transaction), then
     BEGIN IMMEDIATE (the writer lock)."""
     if connection.dialect.name == "sqlite":
-        connection.exec_driver_sql("PRAGMA journal_mode=WAL")
-        connection.commit()
+        _enable_wal(connection)
     with connection.begin():
         if connection.dialect.name == "postgresql":
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+            connection.execute(sa.text("SELECT pg_catalog.pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
             connection.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
         elif connection.dialect.name == "sqlite":
             connection.exec_driver_sql("BEGIN IMMEDIATE")
@@ -115,24 +129,118 @@ def alembic_config(connection: Connection | None = None, schema: str = DEFAULT_S
 
 
 def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads") -> None:
-    """Run the packaged migrations to ``revision`` (head by default), idempotently."""
-    with engine.connect() as connection, installing(connection, schema):
-        command.upgrade(alembic_config(connection, schema), revision)
+    """Run the packaged migrations to ``revision`` (head by default), idempotently.
+
+    The recorded revision is read first: at the target nothing else runs (no lock, no
+    ``CREATE SCHEMA``), so a role with only the runtime GRANTs can run it against an
+    installed database. A database migrated by a newer alkstore_sa is never migrated: when
+    its steps are usable by this version this logs why nothing happens; otherwise it
+    raises ``SchemaTooNew``. Driver errors become ``DatabaseError``s, an unknown target
+    revision ``InvalidOptions``.
+    """
+    try:
+        with engine.connect() as connection:
+            if connection.dialect.name == "sqlite":
+                _enable_wal(connection)  # also for an installed file that is not in WAL mode yet
+            current = current_revision(connection, schema)
+            connection.rollback()  # the read's transaction ends before the install's begins
+            target = head_revision() if revision in ("head", "heads") else revision
+            if current is not None and current not in packaged_revisions():
+                _beyond_this_library(current, revision)
+                return
+            if current == target:
+                return
+            with installing(connection, schema):
+                command.upgrade(alembic_config(connection, schema), revision)
+    except sa.exc.DBAPIError as exc:
+        raise _driver_error("installing the alkstore schema failed", exc) from exc
+    except CommandError as exc:
+        raise InvalidOptions(f"alkstore migrations: {exc}") from exc
 
 
 def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:
-    with engine.connect() as connection, connection.begin():
-        command.downgrade(alembic_config(connection, schema), revision)
+    """Undo the packaged migrations down to ``revision`` (all of them by default)."""
+    try:
+        with engine.connect() as connection:
+            current = current_revision(connection, schema)
+            connection.rollback()
+            if current is not None and current not in packaged_revisions():
+                raise SchemaTooNew(_too_new_message(current))
+            with connection.begin():
+                command.downgrade(alembic_config(connection, schema), revision)
+    except sa.exc.DBAPIError as exc:
+        raise _driver_error("removing the alkstore schema failed", exc) from exc
+    except CommandError as exc:
+        raise InvalidOptions(f"alkstore migrations: {exc}") from exc
+
+
+def _enable_wal(connection: Connection) -> None:
+    """SQLite: WAL mode is persistent in the file and cannot be switched inside a transaction."""
+    connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+    connection.commit()
+
+
+def _beyond_this_library(current: str, revision: str) -> None:
+    """``upgrade()`` on a database at a revision this library does not ship."""
+    verdict = schema_verdict(current)
+    if verdict == "newer" and revision in ("head", "heads"):
+        log.warning(
+            "this database was migrated by a newer alkstore_sa (revision %s; this version ships "
+            "%s): nothing to migrate. Its later steps are additive, so this version uses the "
+            "schema as it is; upgrade alkstore_sa to migrate further.",
+            current, head_revision(),
+        )
+        return
+    if verdict == "outdated":
+        raise SchemaOutdated(
+            f"the alkstore version table records {current!r}, a revision no alkstore_sa release "
+            "ships, so the migrations cannot continue from it: set it to the revision the tables "
+            "match (`alembic stamp`)"
+        )
+    raise SchemaTooNew(_too_new_message(current))
+
+
+def _driver_error(what: str, exc: sa.exc.DBAPIError) -> DatabaseError:
+    orig = exc.orig or exc
+    message = f"{what}: {type(orig).__name__}: {' '.join(str(orig).split())}"
+    if getattr(orig, "sqlstate", None) == "42501":  # insufficient_privilege
+        message += (
+            " (this role lacks the rights to migrate: run `alkstore migrate` as the role that "
+            "owns the alkstore schema, or one with CREATE on the database; application roles "
+            "need only the runtime GRANTs of docs/install.md)"
+        )
+    return DatabaseError(message, orig=orig)
+
+
+def _version_table(connection: Connection, schema: str) -> sa.TableClause:
+    return sa.table(
+        VERSION_TABLE, sa.column("version_num"), schema=None if connection.dialect.name == "sqlite" else schema
+    )
+
+
+# Every name and operator qualified: this runs on application connections too, whatever
+# their search_path (see _backends/pg_dialect.py).
+_PG_HAS_VERSION_TABLE = sa.text(
+    "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+    " ON n.oid OPERATOR(pg_catalog.=) c.relnamespace"
+    " WHERE n.nspname OPERATOR(pg_catalog.=) :schema AND c.relname OPERATOR(pg_catalog.=) :table"
+)
+_SQLITE_HAS_VERSION_TABLE = sa.text("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = :table")
 
 
 def current_revision(connection: Connection, schema: str = DEFAULT_SCHEMA) -> str | None:
-    """The alkstore revision recorded in this database, or None when not installed."""
-    from alembic.runtime.migration import MigrationContext
-
-    opts = {"version_table": VERSION_TABLE}
-    if connection.dialect.name != "sqlite":
-        opts["version_table_schema"] = schema
-    return MigrationContext.configure(connection, opts=opts).get_current_revision()
+    """The alkstore revision recorded in this database, or None when not installed; a
+    driver error (e.g. no USAGE on the schema) is a ``DatabaseError``."""
+    has_table = _SQLITE_HAS_VERSION_TABLE if connection.dialect.name == "sqlite" else _PG_HAS_VERSION_TABLE
+    try:
+        if connection.execute(has_table, {"schema": schema, "table": VERSION_TABLE}).first() is None:
+            return None
+        rows = connection.execute(sa.select(_version_table(connection, schema).c.version_num)).scalars().all()
+    except sa.exc.DBAPIError as exc:
+        raise _driver_error("could not read the alkstore schema version", exc) from exc
+    if len(rows) > 1:
+        raise DatabaseError(f"the alkstore version table records several revisions: {sorted(rows)}")
+    return rows[0] if rows else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -145,19 +253,83 @@ def head_revision() -> str:
     return head
 
 
-def check_schema(connection: Connection, schema: str = DEFAULT_SCHEMA) -> None:
-    """Raise NotInstalled / SchemaOutdated unless the database is at this library's head."""
-    from ..errors import NotInstalled, SchemaOutdated
+@functools.lru_cache(maxsize=1)
+def packaged_revisions() -> frozenset[str]:
+    """Every revision this library version ships."""
+    from alembic.script import ScriptDirectory
 
-    try:
-        current = current_revision(connection, schema)
-    except sa.exc.DBAPIError:
-        current = None
+    return frozenset(r.revision for r in ScriptDirectory.from_config(alembic_config()).walk_revisions())
+
+
+_REVISION_ID = re.compile(r"alkstore_([0-9]{4})(?:_r([0-9]{4}))?")
+
+
+def parse_revision(revision: str) -> tuple[int, int] | None:
+    """``(step, readers_from)`` of an alkstore revision id: the schema step it brings the
+    database to, and the oldest step a library must ship to use that schema; None when the
+    id is not of that form."""
+    m = _REVISION_ID.fullmatch(revision)
+    if m is None:
+        return None
+    return int(m[1]), int(m[2] or 1)
+
+
+Verdict = Literal["ok", "outdated", "newer", "too new"]
+
+
+def schema_verdict(current: str) -> Verdict:
+    """What this library makes of a database at revision ``current``: its own head (ok), an
+    older step (outdated: migrate), a newer step it may use as it is (newer), or a schema it
+    cannot use (too new: a newer step that requires newer readers, or an unknown id)."""
+    head = head_revision()
+    if current == head:
+        return "ok"
+    if current in packaged_revisions():
+        return "outdated"
+    parsed, (head_step, _) = parse_revision(current), parse_revision(head) or (0, 0)
+    if parsed is None:
+        return "too new"
+    step, readers_from = parsed
+    if step < head_step:
+        return "outdated"
+    if step > head_step and readers_from <= head_step:
+        return "newer"
+    return "too new"
+
+
+def _too_new_message(current: str) -> str:
+    head = head_revision()
+    parsed = parse_revision(current)
+    if parsed is None or parsed[0] <= (parse_revision(head) or (0, 0))[0]:
+        return (
+            f"this database records alkstore revision {current!r}, which this alkstore_sa (head "
+            f"{head}) does not know: it was presumably migrated by a newer alkstore_sa; upgrade alkstore_sa"
+        )
+    return (
+        f"this database was migrated by a newer alkstore_sa (revision {current}), whose schema "
+        f"only releases with schema step {parsed[1]} or later can use; this one ships {head}: "
+        "upgrade alkstore_sa"
+    )
+
+
+def check_schema(connection: Connection, schema: str = DEFAULT_SCHEMA) -> None:
+    """Raise unless this library can use the database's alkstore schema: NotInstalled (no
+    tables), SchemaOutdated (older: migrate), SchemaTooNew (newer, and not usable by this
+    version: upgrade the library). A newer schema whose steps are additive is accepted."""
+    current = current_revision(connection, schema)
     if current is None:
         raise NotInstalled()
-    head = head_revision()
-    if current != head:
+    verdict = schema_verdict(current)
+    if verdict == "outdated":
         raise SchemaOutdated(
-            f"the alkstore schema in this database is at {current}, this library needs {head}: "
+            f"the alkstore schema in this database is at {current}, this library needs {head_revision()}: "
             "run `alkstore migrate --url URL` (or your app's `alembic upgrade head`)"
         )
+    if verdict == "too new":
+        raise SchemaTooNew(_too_new_message(current))
+    if verdict == "newer":
+        log.info(
+            "the alkstore schema in this database (%s) is newer than this library's (%s); its later "
+            "steps are additive, so this version uses it as it is", current, head_revision(),
+        )
+

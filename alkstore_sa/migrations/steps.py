@@ -4,6 +4,12 @@ Each step is frozen once released: a later schema change is a new step, never an
 The package's own revisions call these, and so can an application's own Alembic revision
 (``alkstore_sa.migrations.steps.upgrade(to=N)``) so the app keeps a single head.
 ``schema`` is the PostgreSQL schema, or None on SQLite (prefixed tables in the main file).
+
+A new step N gets the revision id ``alkstore_000N`` when it is additive (older library
+releases keep working against it: new tables, new nullable or defaulted columns, new
+indexes), and ``alkstore_000N_r000M`` when only releases shipping step M or later may use
+the database (see the package docstring and docs/install.md, "Upgrades"); a later step
+never lowers the M of an earlier one.
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ def test_schedules_without_a_database(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "no database URL" in out.stderr
     empty = tmp_path / "empty.db"
+    empty.touch()  # an existing database without the tables (a missing file is refused earlier)
     out = cli("schedules", "--url", f"sqlite:///{empty}")
     assert out.returncode == 2
     assert "not installed" in out.stderr

@@ -10,7 +10,9 @@ features its correctness depends on, per dialect.
 - State values are inlined literals (SQLite uses a partial index only when the query's
   WHERE literally implies the index's WHERE).
 - Every table reference is schema-qualified (``main.`` on SQLite, the quoted configured
-  schema on PostgreSQL, including one that needs quoting), so ``search_path`` is moot.
+  schema on PostgreSQL, including one that needs quoting), and on PostgreSQL every
+  built-in function, operator and non-keyword type name is ``pg_catalog``-qualified, so
+  ``search_path`` is moot (tests/conformance/test_search_path.py runs the hostile case).
 - No user value ever reaches SQL text: everything the caller passes is a parameter.
 
 The statements are compiled by running real operations against real databases (the same
@@ -29,7 +31,8 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
-from tests.support import FakeClock, Target, pg_target, sqlite_target
+from tests.every_op import run_every_operation
+from tests.support import FakeClock, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
 
 TABLES = sorted(t.name for t in alk.metadata.tables.values())
 
@@ -60,6 +63,10 @@ class Compiled:
     schema: str
     sql: dict[str, str]  # backend._sql, whitespace-normalized
     raw: dict[str, str]  # backend._sql as the driver receives it
+
+    def op(self, symbol: str) -> str:
+        """How a comparison/arithmetic operator is rendered (spaces included)."""
+        return f" OPERATOR(pg_catalog.{symbol}) " if self.kind == "postgresql" else f" {symbol} "
 
     @property
     def prefix(self) -> str:
@@ -150,8 +157,22 @@ def compiled(request: pytest.FixtureRequest, tmp_path) -> Iterator[Compiled]:
     yield from _compile_on(request, tmp_path, request.param)
 
 
-@pytest.fixture(params=["postgresql", "postgresql-quoted-schema"])
+@pytest.fixture(scope="module")
+def _long_schema_pg_target() -> Iterator[Target]:
+    """A PostgreSQL schema with a name of the longest kind PostgreSQL allows (63 bytes)."""
+    from tests.conftest import require_pg
+
+    require_pg()
+    target = pg_target(new_pg_schema("long").ljust(63, "x"))
+    yield target
+    drop_pg_schema(target)
+
+
+@pytest.fixture(params=["postgresql", "postgresql-quoted-schema", "postgresql-63-byte-schema"])
 def pg_compiled(request: pytest.FixtureRequest, tmp_path) -> Iterator[Compiled]:
+    if request.param == "postgresql-63-byte-schema":
+        yield compile_everything(request.getfixturevalue("_long_schema_pg_target"))
+        return
     yield from _compile_on(request, tmp_path, request.param)
 
 
@@ -276,26 +297,27 @@ def test_state_values_are_inlined_literals(compiled: Compiled) -> None:
     claim = compiled.sql["claim"]
     # the pending scan and the reclaim scan each literally imply their partial index's WHERE
     # (on PostgreSQL the claim's scans read the table through the alias j)
-    scan = rf"(?:{re.escape(t)}|\bj)"
-    assert re.search(rf"{scan}\.state = 'pending'", claim)
-    assert re.search(rf"{scan}\.state = 'processing'", claim)
+    scan, eq = rf"(?:{re.escape(t)}|\bj)", re.escape(compiled.op("="))
+    assert re.search(rf"{scan}\.state{eq}'pending'", claim)
+    assert re.search(rf"{scan}\.state{eq}'processing'", claim)
     assert re.search(r"SET state\s*=\s*'processing'", claim)
     for key in ("ack", "heartbeat", "retry", "bury"):
-        assert f"{t}.state = 'processing'" in compiled.sql[key], key
+        assert f"{t}.state{compiled.op('=')}'processing'" in compiled.sql[key], key
     assert re.search(r"SET state\s*=\s*'pending'", compiled.sql["retry"])
     assert "VALUES ('pending'," in compiled.sql["enqueue"]
-    assert f"{t}.state = 'pending'" in compiled.sql["stats"]
+    assert f"{t}.state{compiled.op('=')}'pending'" in compiled.sql["stats"]
 
 
 def test_validity_predicate_is_the_claim_token(compiled: Compiled) -> None:
     """ack/heartbeat/retry/fail act only on this claim: id, processing, this attempt
     number, deadline not passed — never the worker_id."""
     t = compiled.t("alkstore_jobs")
+    eq, gt = re.escape(compiled.op("=")), re.escape(compiled.op(">"))
     for key in ("ack", "heartbeat", "retry", "bury"):
         sql = compiled.sql[key]
-        assert re.search(rf"{re.escape(t)}\.attempts = (:attempts|%\(attempts\)s)", sql), key
-        assert re.search(rf"{re.escape(t)}\.claim_expires_at > ", sql), key
-        assert re.search(rf"{re.escape(t)}\.id = (:id|%\(id\)s)", sql), key
+        assert re.search(rf"{re.escape(t)}\.attempts{eq}(:attempts|%\(attempts\)s)", sql), key
+        assert re.search(rf"{re.escape(t)}\.claim_expires_at{gt}", sql), key
+        assert re.search(rf"{re.escape(t)}\.id{eq}(:id|%\(id\)s)", sql), key
         assert "worker_id =" not in sql, f"{key}: the claim token must not be the worker_id"
 
 
@@ -314,7 +336,8 @@ def test_pg_claim_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> 
         "the exhausted, pending and reclaim scans must each lock with SKIP LOCKED (and only they)"
     )
     # psycopg caches its parse of a query only up to 4 KiB: the claim (aliased scans and
-    # targets) must stay under it, even with a long quoted schema name
+    # targets, one clock reading read through a CTE) must stay under it, even with a quoted
+    # or a 63-byte schema name (3.4 KiB with a 14-byte schema, 3.7 KiB with a 63-byte one)
     assert len(compiled.raw["claim"]) <= 4096, len(compiled.raw["claim"])
     for c in ctes:
         if "FOR UPDATE SKIP LOCKED" in c.body:
@@ -322,17 +345,18 @@ def test_pg_claim_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> 
             assert c.body.rstrip().endswith("FOR UPDATE SKIP LOCKED"), c.name
             assert f"FROM {jobs} AS j " in c.body, c.name
 
-    pend = the_cte(ctes, "j.state = 'pending'")
+    eq = compiled.op("=")
+    pend = the_cte(ctes, f"j.state{eq}'pending'")
     assert "FOR UPDATE SKIP LOCKED" in pend.body and pend.materialized
     assert re.search(r"ORDER BY j\.priority DESC, j\.run_at, j\.id LIMIT %\(n\)s", pend.body), pend.body
-    recl = the_cte(ctes, "j.state = 'processing'", "j.attempts < j.max_attempts")
+    recl = the_cte(ctes, f"j.state{eq}'processing'", f"j.attempts{compiled.op('<')}j.max_attempts")
     assert "FOR UPDATE SKIP LOCKED" in recl.body and recl.materialized and "LIMIT %(n)s" in recl.body
-    exhausted = the_cte(ctes, "j.state = 'processing'", "j.attempts >= j.max_attempts")
+    exhausted = the_cte(ctes, f"j.state{eq}'processing'", f"j.attempts{compiled.op('>=')}j.max_attempts")
     assert "FOR UPDATE SKIP LOCKED" in exhausted.body and exhausted.materialized
 
     # exhausted reclaimables: DELETE ... RETURNING feeds INSERT INTO dead, same statement
     gone = the_cte(ctes, f"DELETE FROM {jobs} AS g ")
-    assert gone.body.startswith(f"DELETE FROM {jobs} AS g WHERE g.id IN (SELECT {exhausted.name}.id")
+    assert gone.body.startswith(f"DELETE FROM {jobs} AS g WHERE g.id{eq}ANY (SELECT {exhausted.name}.id")
     assert " RETURNING " in gone.body
     buried = the_cte(ctes, f"INSERT INTO {dead} ")
     assert "'max attempts exceeded'" in buried.body
@@ -342,9 +366,12 @@ def test_pg_claim_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> 
     picked = the_cte(ctes, f"FROM {pend.name}", f"FROM {recl.name}")
     assert picked.materialized, picked.name
     assert re.search(r"LIMIT %\(n\)s(::INTEGER)?$", picked.body), picked.body
-    assert main.startswith(f"UPDATE {jobs} AS u SET state='processing', attempts=(u.attempts + 1)")
-    assert f" FROM {picked.name} WHERE u.id = {picked.name}.id RETURNING " in main, main
-    assert "LIMIT" not in main and "IN (SELECT" not in main, "the UPDATE must join the fenced pick"
+    assert main.startswith(f"UPDATE {jobs} AS u SET state='processing', attempts=(u.attempts{compiled.op('+')}1)")
+    assert f" FROM {picked.name} WHERE u.id{eq}{picked.name}.id RETURNING " in main, main
+    assert "LIMIT" not in main and "ANY (SELECT" not in main, "the UPDATE must join the fenced pick"
+    # the statement's one clock reading: a CTE read by every use, written before them
+    clock = the_cte(ctes, "pg_catalog.statement_timestamp()")
+    assert [c.name for c in ctes].index(clock.name) == 0 and sql.count("statement_timestamp") == 1
     assert [c.name for c in ctes].index(buried.name) < [c.name for c in ctes].index(pend.name)
 
 
@@ -357,16 +384,17 @@ def test_pg_moves_are_single_statements(pg_compiled: Compiled) -> None:
     bury = compiled.sql["bury"]
     assert ";" not in bury
     ctes, main = split_with(bury)
-    gone = the_cte(ctes, f"DELETE FROM {jobs} WHERE {jobs}.id = %(id)s")
-    assert f"{jobs}.state = 'processing'" in gone.body and " RETURNING " in gone.body
+    eq = compiled.op("=")
+    gone = the_cte(ctes, f"DELETE FROM {jobs} WHERE {jobs}.id{eq}%(id)s")
+    assert f"{jobs}.state{eq}'processing'" in gone.body and " RETURNING " in gone.body
     assert main.startswith(f"INSERT INTO {dead} (")
     assert f"FROM {gone.name} RETURNING " in main and "%(last_error)s" in main
 
     sweep = compiled.sql["sweep"]
     assert ";" not in sweep
     ctes, main = split_with(sweep)
-    gone = the_cte(ctes, f"DELETE FROM {jobs} WHERE {jobs}.queue = %(queue)s")
-    assert f"{jobs}.expires_at <= " in gone.body and " RETURNING " in gone.body
+    gone = the_cte(ctes, f"DELETE FROM {jobs} WHERE {jobs}.queue{eq}%(queue)s")
+    assert f"{jobs}.expires_at{compiled.op('<=')}" in gone.body and " RETURNING " in gone.body
     buried = the_cte(ctes, f"INSERT INTO {dead} ", f"FROM {gone.name}")
     assert "'expired'" in buried.body
     purged = the_cte(ctes, f"DELETE FROM {dead} ")
@@ -383,6 +411,45 @@ def test_pg_time_is_one_statement_clock(pg_compiled: Compiled) -> None:
     for key, sql in compiled.sql.items():
         assert "now()" not in sql.lower().replace("statement_timestamp()", ""), key
         assert "clock_timestamp" not in sql and "CURRENT_TIMESTAMP" not in sql.upper(), key
+
+
+@pytest.fixture(scope="module")
+def every_pg_statement(_pg_module_target: Target) -> dict[str, str]:
+    """Every statement the PostgreSQL backend compiles (all operations, not only the queue's)."""
+    with _pg_module_target.store() as store:
+        run_every_operation(store)
+        return {k: norm(v) for k, v in store.backend._sql.items()}
+
+
+# type names PostgreSQL's grammar maps to pg_catalog types itself (no search_path lookup)
+KEYWORD_TYPES = {"INTEGER", "BIGINT", "SMALLINT", "VARCHAR", "DOUBLE PRECISION", "BOOLEAN"}
+SQL_SYNTAX_CALLS = {"coalesce", "CAST", "OPERATOR"}
+
+
+def _without_literals(sql: str) -> str:
+    return re.sub(r"'(?:[^']|'')*'", "''", sql)
+
+
+def test_pg_every_builtin_is_resolved_in_pg_catalog(every_pg_statement: dict[str, str]) -> None:
+    """With ``search_path = attacker, pg_catalog``, an unqualified function, operator or
+    non-keyword type name would resolve to the attacker's object: none may appear."""
+    assert {"claim", "notify", "stream_publish", "lock_acquire", "schedule_upsert", "next_due"} <= set(every_pg_statement)
+    for key, raw in every_pg_statement.items():
+        sql = _without_literals(raw)
+        for m in re.finditer(r'(?<![\w."])([A-Za-z_]\w*)\(', sql):
+            before = sql[: m.start()]
+            if m[1] in SQL_SYNTAX_CALLS or before.endswith(("AS ", "RECURSIVE ")):
+                continue  # syntax, or a table alias / CTE with its column list
+            raise AssertionError(f"{key}: unqualified function {m[1]}(): ...{sql[m.start() - 40 : m.end() + 40]}...")
+        for m in re.finditer(r" (<>|!=|<=|>=|=|<|>|\+|-|\*|/|\|\||~~|%%) ", sql):
+            if m[1] == "=" and re.search(r'(?:\bSET |, )"?\w+"?$', sql[: m.start()]):
+                continue  # ON CONFLICT ... DO UPDATE SET col = ...: an assignment
+            raise AssertionError(f"{key}: bare operator {m[1]!r}: ...{sql[m.start() - 60 : m.end() + 40]}...")
+        assert not re.search(r"\b(IN|LIKE|BETWEEN|IS DISTINCT FROM) \(", sql), f"{key}: an unqualifiable operator"
+        types = re.findall(r"::([\w.]+(?: PRECISION)?)", sql)
+        types += [t for t in re.findall(r" AS ([\w.]+(?: PRECISION)?)(?:\[\])?\)", sql) if t.upper() == t or "." in t]
+        for t in types:
+            assert t in KEYWORD_TYPES or t.startswith("pg_catalog."), f"{key}: type {t!r} resolves through search_path"
 
 
 # -- SQLite ---------------------------------------------------------------------------------

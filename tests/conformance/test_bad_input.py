@@ -454,3 +454,66 @@ def test_a_broken_injected_clock_is_refused_before_writing(db: Target, reading: 
         store.queue("clock-check").enqueue(1)
     store.close()
     assert db.scalar(f"SELECT count(*) FROM {db.table('alkstore_jobs')} WHERE queue = 'clock-check'") == 0
+
+
+# -- reserved channel names; payloads nested too deeply to serialize ---------------------------
+
+RESERVED_CHANNELS = ["__alkstore", "__alkstore_wake", "__alkstore.internal", "__alkstoreX"]
+
+
+@pytest.mark.parametrize("channel", RESERVED_CHANNELS)
+def test_reserved_channel_names_are_refused(db: Target, store: alk.Store, channel: str) -> None:
+    """SPEC §3: a channel name starting with ``__alkstore`` is an InvalidName for notify,
+    listen and the transactional notify, before anything is sent or listened to."""
+    notes = db.scalar(f"SELECT count(*) FROM {db.table('alkstore_notifications')}")
+    expect(alk.InvalidName, lambda: store.notify(channel, "x"))
+    expect(alk.InvalidName, lambda: store.listen(channel))
+    with caller_tx(db, "connection") as conn:
+        expect(alk.InvalidName, lambda: alk.notify(conn, channel, "x"))
+        alk.enqueue(conn, "after-refusal", "p")  # the caller's transaction is still usable
+    assert db.scalar(f"SELECT count(*) FROM {db.table('alkstore_notifications')}") == notes
+
+
+def _nested(depth: int, leaf: object) -> object:
+    value = leaf
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def test_a_payload_nested_too_deeply_is_a_payload_error(db: Target, store: alk.Store, qname: str) -> None:
+    """SPEC §3: 10,000 levels of nesting (json.dumps raises RecursionError) are a
+    PayloadError from every payload API, and nothing is written."""
+    deep = _nested(10_000, "leaf")
+    q, ob, stream = store.queue(qname), store.outbox(qname), store.stream(qname)
+
+    def written() -> tuple[object, ...]:
+        return (
+            *table_counts(db),
+            db.scalar(f"SELECT count(*) FROM {db.table('alkstore_stream_events')}"),
+            db.scalar(f"SELECT count(*) FROM {db.table('alkstore_schedules')}"),
+        )
+
+    before = written()
+    calls: list[Call] = [
+        lambda: q.enqueue(deep),
+        lambda: q.enqueue_many(["ok", deep]),
+        lambda: ob.enqueue(deep),
+        lambda: stream.publish(deep),
+        lambda: store.schedule(qname, "@every 1m", qname, deep),
+    ]
+    for call in calls:
+        expect(alk.PayloadError, call)
+    with caller_tx(db) as s:
+        for tx_call in (
+            lambda: alk.enqueue(s, qname, deep),
+            lambda: alk.enqueue_many(s, q, [deep]),
+            lambda: alk.outbox_enqueue(s, qname, deep),
+            lambda: alk.publish(s, qname, deep),
+        ):
+            expect(alk.PayloadError, tx_call)
+    expect(alk.PayloadError, lambda: store.notify("deep", deep))  # type: ignore[arg-type]
+    assert written() == before
+    # moderately deep payloads still round-trip
+    job = q.get_job(q.enqueue(_nested(100, 1)))
+    assert job is not None and job.payload == _nested(100, 1)

@@ -118,7 +118,7 @@ ODD_NAMES = {
     "unicode": "ünïcødé ☃ 通知 🚀",
     "spaces-newline": "  a\tb\nc  ",
     "case-Upper": "Orders",
-    "reserved-prefix": "__alkstore.internal",
+    "reserved-prefix-inside": "x__alkstore.internal",  # only a leading __alkstore is reserved
 }
 
 

@@ -6,6 +6,7 @@ Also: a non-default alkstore schema end to end, and ``alkstore migrate --schema`
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,15 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Alemb
     require_pg()
     with fresh_pg_database("alkapp") as url:
         yield write_app(tmp_path, url, kind), schema
+
+
+def assert_refused(capsys: pytest.CaptureFixture[str], argv: list[str], pattern: str) -> None:
+    """The CLI refuses ``argv`` as a usage error: exit 2 and one line on stderr matching ``pattern``."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(pattern, err), err
+
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -149,30 +159,27 @@ def test_generator_continues_from_the_marker(tmp_path: Path, capsys: pytest.Capt
     assert main(["alembic-revision", "-c", str(app.ini)]) == 0
     assert "nothing to generate" in capsys.readouterr().out
     assert sorted(app.versions.iterdir()) == before
-    with pytest.raises(SystemExit, match="'jobs'"):  # moving the tables is not a step
-        main(["alembic-revision", "-c", str(app.ini), "--schema", "elsewhere", "--from-step", "0"])
-    with pytest.raises(SystemExit, match="to-step"):
-        main(["alembic-revision", "-c", str(app.ini), "--to-step", str(migrations.steps.HEAD + 1)])
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini), "--schema", "elsewhere", "--from-step", "0"], "'jobs'")  # moving the tables is not a step
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini), "--to-step", str(migrations.steps.HEAD + 1)], "to-step")
     assert sorted(app.versions.iterdir()) == before
 
 
-def test_generator_refuses_two_heads(tmp_path: Path) -> None:
+def test_generator_refuses_two_heads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     app = write_app(tmp_path, "sqlite://", "sqlite")
     app.add_migration("app_0002a", APP_REVISION, "app_a")
     app.add_migration("app_0002b", APP_REVISION, "app_b")
-    with pytest.raises(SystemExit, match="[Mm]ultiple heads"):
-        main(["alembic-revision", "-c", str(app.ini)])
-    with pytest.raises(SystemExit, match="app_0002c"):
-        main(["alembic-revision", "-c", str(app.ini), "--down-revision", "app_0002c"])
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini)], "[Mm]ultiple heads")
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini), "--down-revision", "app_0002c"], "app_0002c")
     rev = app.generate("--down-revision", "app_0002a")
     assert 'down_revision = "app_0002a"' in next(app.versions.glob(f"{rev}_*.py")).read_text()
 
 
-def test_generator_without_an_alembic_ini(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generator_without_an_alembic_ini(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Without a config every choice must be explicit; then it writes where it is told."""
     monkeypatch.chdir(tmp_path)  # no ./alembic.ini here
-    with pytest.raises(SystemExit, match="--from-step"):
-        main(["alembic-revision", "--version-path", "out", "--down-revision", "app_9"])
+    assert_refused(capsys, ["alembic-revision", "--version-path", "out", "--down-revision", "app_9"], "--from-step")
     assert not (tmp_path / "out").exists()
     assert main(["alembic-revision", "--version-path", "out", "--down-revision", "app_9",
                  "--from-step", "0", "--rev-id", "r1"]) == 0

@@ -1,0 +1,97 @@
+"""The PostgreSQL listener's connection, driven through libpq's async API so that no call
+can block without a bound: psycopg's own ``execute`` waits as long as the kernel keeps
+retransmitting (about 16 minutes on a half-open connection). Waits use ``selectors``
+(poll), never ``select()``, which fails for descriptors >= 1024. Internal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._fanout import new_selector
+from ..errors import DatabaseError
+
+
+class ListenConnection:
+    """One autocommit psycopg connection: bounded statements, and the notifications that
+    arrive handed to ``on_notify(channel, payload)`` (never to psycopg's handlers)."""
+
+    def __init__(self, dbapi_conn: Any, on_notify: Callable[[str, str], None]) -> None:
+        dbapi_conn.autocommit = True
+        self._conn = dbapi_conn
+        self._pg = dbapi_conn.pgconn
+        self._on_notify = on_notify
+        self._encoding = dbapi_conn.info.encoding
+        self.fileno: int = self._pg.socket
+        self.backend_pid: int = dbapi_conn.info.backend_pid
+        self.last_traffic = time.monotonic()
+
+    def receive(self) -> None:
+        """Read what the server sent (never waits) and hand on the notifications in it."""
+        from psycopg import pq
+
+        self._pg.consume_input()
+        self.last_traffic = time.monotonic()
+        while (n := self._pg.notifies()) is not None:
+            self._on_notify(n.relname.decode(self._encoding), n.extra.decode(self._encoding))
+        if self._pg.status != pq.ConnStatus.OK:
+            raise ConnectionError("listener connection closed by the server")
+
+    def execute(self, command: str, key: str | None, timeout: float) -> None:
+        """Run ``command`` (with ``key`` as a quoted identifier after it); TimeoutError when
+        the server has not answered within ``timeout`` seconds: the connection is dead."""
+        from psycopg import pq, sql
+
+        text = sql.SQL(command) if key is None else sql.SQL(command + " {}").format(sql.Identifier(key))
+        self._pg.send_query(text.as_bytes(self._conn))
+        deadline = time.monotonic() + timeout
+        while self._pg.flush():  # a nonblocking connection: 1 means "more to send"
+            self._wait(selectors.EVENT_WRITE, deadline, timeout)
+        self.receive()
+        while self._pg.is_busy():
+            self._wait(selectors.EVENT_READ, deadline, timeout)
+            self.receive()
+        error = None
+        while (result := self._pg.get_result()) is not None:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                error = (result.error_message or b"").decode(errors="replace").strip()
+        if error:
+            raise DatabaseError(f"listener statement {command} failed: {error}")
+
+    def _wait(self, events: int, deadline: float, timeout: float) -> None:
+        left = deadline - time.monotonic()
+        if left > 0:
+            with new_selector() as sel:
+                sel.register(self.fileno, events)
+                if sel.select(left):
+                    return
+        raise TimeoutError(f"the listener connection did not answer within {timeout:g}s")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # already broken
+            self._conn.close()
+
+
+def tune_socket(fd: int, *, idle: int, interval: int, count: int, user_timeout_ms: int) -> None:
+    """TCP keepalives and TCP_USER_TIMEOUT on a connection's socket (where the platform has
+    them): the kernel then kills a connection whose peer vanished instead of retrying for
+    many minutes. Set on the socket itself, so any way the engine connects is covered."""
+    with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: closing it leaves fd open
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return  # a Unix-domain socket cannot go half-open
+        options = [
+            (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), idle),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), interval),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), count),
+            (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), user_timeout_ms),
+        ]
+        for level, option, value in options:
+            if option is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(level, option, value)

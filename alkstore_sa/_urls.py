@@ -1,0 +1,166 @@
+"""Internal: database URLs as the store and the CLI accept them (SPEC §4). Not public API.
+
+``postgresql://``, ``postgres://`` and ``postgresql+psycopg://`` all mean psycopg 3: the
+forms found in ``DATABASE_URL`` variables work as they are. A URL naming another PostgreSQL
+driver (``+psycopg2``, ``+asyncpg``, …) also gets psycopg 3, because the store's own
+connections speak psycopg 3's API whatever driver the application uses for its own engine
+(as a Store built from an async engine does, SPEC §13); the rest of the URL — user, host,
+database, libpq options — means the same to psycopg 3. Driver options in the URL's query
+arrive as strings; the ones psycopg takes as Python values are converted here, and anything
+psycopg would reject is refused up front as ``InvalidOptions``, before any connection.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Engine, make_url
+
+from .errors import InvalidOptions
+
+PSYCOPG = "postgresql+psycopg"
+EXAMPLE = "expected e.g. postgresql://user:password@host:5432/dbname or sqlite:///path/to/file.db"
+INSTALL_HINT = {
+    "psycopg": "psycopg 3 is not installed: pip install 'alkstore-sa[postgres]' (or 'psycopg[binary]')",
+}
+
+# libpq options whose values must be integers: psycopg would pass a bad value on and fail
+# only at connect time, with a message that does not name the URL.
+INT_OPTIONS = frozenset({
+    "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+    "keepalives_count", "tcp_user_timeout",
+})
+# SQLAlchemy itself splits these (multi-host URLs), so they are not checked against libpq.
+SQLALCHEMY_HANDLED = frozenset({"host", "port"})
+
+
+def engine_from_url(url: str | URL, **kw: Any) -> Engine:
+    """A SQLAlchemy Engine for ``url`` as alkstore reads it: every PostgreSQL URL through
+    psycopg 3 with typed driver options; ``kw`` goes to ``sa.create_engine`` (its
+    ``connect_args`` win over the URL's options)."""
+    parsed = parse_url(url)
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        parsed, connect_args = _psycopg_options(parsed)
+    connect_args.update(kw.pop("connect_args", None) or {})
+    if connect_args:
+        kw["connect_args"] = connect_args
+    try:
+        return sa.create_engine(parsed, **kw)
+    except (ImportError, sa.exc.NoSuchModuleError) as exc:
+        driver = parsed.get_driver_name()
+        hint = INSTALL_HINT.get(driver, f"the {driver!r} driver of {parsed.drivername!r} is not installed")
+        raise InvalidOptions(f"{hint} ({type(exc).__name__}: {exc})") from exc
+    except (sa.exc.ArgumentError, TypeError, ValueError) as exc:
+        raise InvalidOptions(f"cannot use the database URL {_shown(parsed)}: {_one_line(exc)}") from exc
+
+
+def parse_url(url: str | URL) -> URL:
+    """``url`` parsed, with its PostgreSQL driver set to psycopg 3 (and aiosqlite's to
+    pysqlite: the store's own connections are synchronous); InvalidOptions when it is not a
+    URL of a database alkstore supports."""
+    if isinstance(url, str):
+        text = url.strip()
+        if not text:
+            raise InvalidOptions(f"the database URL is empty: {EXAMPLE}")
+        try:
+            parsed = make_url(text)
+        except (sa.exc.ArgumentError, ValueError):
+            # the text is not echoed: it may hold a password we cannot find to mask
+            raise InvalidOptions(f"not a database URL: {EXAMPLE}") from None
+    elif isinstance(url, URL):
+        parsed = url
+    else:
+        raise InvalidOptions(f"a database URL must be a str or a sqlalchemy URL, not {type(url).__name__}")
+    backend = parsed.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername=PSYCOPG)
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite") if parsed.get_driver_name() == "aiosqlite" else parsed
+    raise InvalidOptions(f"alkstore_sa supports PostgreSQL (psycopg 3) and SQLite, not {backend!r} ({_shown(parsed)})")
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The file a SQLite URL names (relative to the current directory, as sqlite3 opens it),
+    or None for an in-memory database or a non-SQLite URL."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if url.query.get("uri") in ("true", "1"):
+        database, _, options = database.removeprefix("file:").partition("?")
+        if "mode=memory" in options or url.query.get("mode") == "memory":
+            return None
+    if database in ("", ":memory:"):
+        return None
+    return Path(database)
+
+
+def _psycopg_options(url: URL) -> tuple[URL, dict[str, Any]]:
+    """Split the query into libpq options (checked, kept in the URL) and the keywords
+    psycopg takes as Python values (converted, returned as connect args)."""
+    connect_args: dict[str, Any] = {}
+    for key, value in url.query.items():
+        if key in SQLALCHEMY_HANDLED:
+            continue
+        if not isinstance(value, str):
+            raise InvalidOptions(f"the URL option {key!r} is given more than once ({_shown(url)})")
+        if key == "autocommit":
+            # a string here would be truthy ("false" included), and SQLAlchemy and alkstore
+            # manage transactions themselves: a driver in autocommit would break both
+            raise InvalidOptions(
+                f"the URL option 'autocommit' is not allowed: SQLAlchemy and alkstore manage "
+                f"transactions themselves ({_shown(url)})"
+            )
+        if key == "prepare_threshold":
+            connect_args[key] = _prepare_threshold(value, url)
+        elif key in INT_OPTIONS and not _is_int(value):
+            raise InvalidOptions(f"the URL option {key}={value!r} must be an integer ({_shown(url)})")
+    libpq = {k: v for k, v in url.query.items() if k not in SQLALCHEMY_HANDLED and k not in connect_args}
+    _check_libpq_names(libpq, url)
+    return url.difference_update_query(connect_args), connect_args
+
+
+def _prepare_threshold(value: str, url: URL) -> int | None:
+    """psycopg's ``prepare_threshold``: an int >= 0 (0 prepares every statement), or
+    ``none`` (never prepare — what a transaction-mode pooler such as PgBouncer needs)."""
+    if value.lower() == "none":
+        return None
+    if _is_int(value) and int(value) >= 0:
+        return int(value)
+    raise InvalidOptions(
+        f"the URL option prepare_threshold={value!r} must be an integer >= 0, or none to never "
+        f"prepare statements ({_shown(url)})"
+    )
+
+
+def _check_libpq_names(options: dict[str, Any], url: URL) -> None:
+    """Refuse option names libpq does not know (psycopg would refuse them at connect)."""
+    try:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import make_conninfo
+    except ImportError:
+        return  # create_engine reports the missing driver, with the install hint
+    for name, value in options.items():
+        try:
+            make_conninfo("", **{name: value})
+        except ProgrammingError:
+            raise InvalidOptions(
+                f"the URL option {name!r} is not a libpq connection option or a psycopg "
+                f"setting ({_shown(url)})"
+            ) from None
+
+
+def _is_int(value: str) -> bool:
+    text = value.strip()
+    return text.lstrip("-").isdigit() and text.isascii()
+
+
+def _shown(url: URL) -> str:
+    """The URL for a message, password hidden."""
+    return url.render_as_string(hide_password=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,106 @@
+"""How a failed command ends: ONE line on stderr saying what went wrong and what to do, and
+the documented exit code (see EXIT_CODES). ``--traceback`` adds the traceback above it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..errors import AlkstoreError, DatabaseError, NotInstalled
+
+EXIT_CODES = """\
+exit codes:
+  0  success
+  1  the command ran and failed: the database is unreachable or refused an operation
+     (e.g. permission denied), a job asked for was not found (`dead show`, `dead requeue`:
+     said on stdout, with the other results), or an unexpected error
+  2  the command cannot run as given: a usage error, an unusable --url, a handler that
+     cannot be imported, a SQLite file that does not exist (only `migrate` creates one),
+     or tables that are not installed or are outdated (run `alkstore migrate`)
+
+An error is one line on stderr; add --traceback to see where it happened."""
+
+TRACEBACK_HINT = "rerun with --traceback to see where it happened"
+
+
+class UsageError(AlkstoreError):
+    """The command cannot run as given (exit code 2); the message says what to change."""
+
+    default_message = "usage error"
+
+
+def one_line(text: object) -> str:
+    """Any message as a single line (driver messages carry newlines and tabs)."""
+    return " ".join(str(text).split())
+
+
+def report(exc: BaseException, args: argparse.Namespace | None, *, show_traceback: bool) -> int:
+    """Print the one-line summary of ``exc`` (after its traceback when asked); return the exit code."""
+    code, message = explain(exc, args)
+    if show_traceback:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    print(f"alkstore: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def explain(exc: BaseException, args: argparse.Namespace | None) -> tuple[int, str]:
+    """(exit code, message) for an exception that ended a command."""
+    from alembic.util import CommandError
+
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "interrupted"
+    if isinstance(exc, (UsageError, NotInstalled)):
+        return 2, one_line(exc)
+    if isinstance(exc, AlkstoreError) and isinstance(exc, ValueError):  # InvalidOptions, InvalidName, …
+        return 2, f"{type(exc).__name__}: {one_line(exc)}"
+    if isinstance(exc, CommandError):
+        return 2, one_line(exc)
+    if isinstance(exc, (DatabaseError, sa.exc.DBAPIError)):
+        return 1, _database_message(exc, args)
+    if isinstance(exc, AlkstoreError):
+        return 1, f"{type(exc).__name__}: {one_line(exc)}"
+    if isinstance(exc, OSError):
+        return 1, one_line(exc)
+    return 1, f"unexpected error: {type(exc).__name__}: {one_line(exc)} ({TRACEBACK_HINT})"
+
+
+def _database_message(exc: BaseException, args: argparse.Namespace | None) -> str:
+    """The driver's own message (not SQLAlchemy's wrapper with the SQL), plus what to do."""
+    orig: Any = getattr(exc, "orig", None) or exc
+    text = one_line(orig)
+    sqlstate = str(getattr(orig, "sqlstate", None) or "")
+    if _is_connect_failure(orig, sqlstate, text):
+        where = _url_shown(args)
+        where = f" {where}" if where else ""
+        return f"cannot connect to the database{where}: {text} (check --url and that the server is running)"
+    if sqlstate == "42501":  # insufficient_privilege
+        return (
+            f"the database refused: {text} (run this as a role with that privilege, e.g. the "
+            f"owner of the database or schema)"
+        )
+    return f"database error: {type(orig).__name__}: {text}"
+
+
+def _is_connect_failure(orig: Any, sqlstate: str, text: str) -> bool:
+    # libpq connection failures carry no sqlstate, or one of class 08 (connection), 28
+    # (authorization) or 3D000 (no such database); SQLite's is "unable to open database file"
+    return (
+        text.startswith("connection failed")
+        or sqlstate[:2] in ("08", "28")
+        or sqlstate == "3D000"
+        or "unable to open database file" in text
+    )
+
+
+def _url_shown(args: argparse.Namespace | None) -> str:
+    url = getattr(args, "url", None)
+    if not url:
+        return ""
+    try:
+        return sa.engine.make_url(str(url).strip()).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - the URL was used already; showing it is best effort
+        return ""

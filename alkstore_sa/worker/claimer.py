@@ -1,0 +1,205 @@
+"""The claim loop: one loop for every queue a worker serves, claiming as many jobs as there
+are free slots, fairly; idle queues cost nothing until a wake-up, their next due time or
+the re-poll; a queue whose claims fail backs off (capped) without holding up the others.
+
+How it chooses, each round (docs/worker.md, "Several queues"):
+
+- a queue is **ready** when it was woken (a committed enqueue into it), its last claim
+  came back full (there may be more), or its next due time or re-poll has come — and it
+  is not backing off after a failed claim;
+- the ready queues are taken in round-robin order, starting after the queue that went
+  first in the previous round, and the free slots are split evenly between them (the
+  first ones in that order get the remainder; with fewer free slots than ready queues,
+  the first ones get one each and the others go first next round);
+- each queue's share is claimed with one ``claim_batch`` (at most ``batch_size``). A claim
+  that comes back short puts its queue to sleep until a wake, its next due job (one
+  ``next_due`` query) or the re-poll; slots it left unused go to the other queues in the
+  next round, at once.
+
+So a queue with a backlog cannot starve a quiet one: once the quiet one is ready it is
+claimed in the next round that has a free slot, or the one after.
+
+An outage is logged once per queue: a WARNING at the first failed claim, DEBUG for the
+ones after it, and an INFO line when claims work again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..errors import AlkstoreError
+from ..queue import JobHandle, Queue
+from ..stop import StopToken
+
+log = logging.getLogger("alkstore_sa")
+
+BACKOFF_START = 0.1  # seconds after the first failed claim
+_MAX_DOUBLINGS = 32  # 0.1 s * 2**32 is 13 years: past any cap, and far from float overflow
+
+
+def claim_backoff(failures: int, cap: float) -> float:
+    """Seconds to wait after ``failures`` consecutive failed claims: 0.1 s doubling per
+    failure, at most ``cap``. The exponent is capped, so an outage of any length (any
+    ``failures``) gives a finite delay."""
+    doublings = min(max(failures - 1, 0), _MAX_DOUBLINGS)
+    return min(BACKOFF_START * 2.0**doublings, cap)
+
+
+class _Outage:
+    """Consecutive claim failures of one queue, so each outage is logged once."""
+
+    def __init__(self, queue: str, cap: float) -> None:
+        self.queue = queue
+        self.cap = cap
+        self.failures = 0
+        self.since = 0.0
+
+    def failed(self, exc: AlkstoreError) -> float:
+        """Count a failure, log it (WARNING for the first one only); the delay before the
+        next try."""
+        self.failures += 1
+        delay = claim_backoff(self.failures, self.cap)
+        if self.failures == 1:
+            self.since = time.monotonic()
+            log.warning(
+                "claim on %r failed (%s); retrying with backoff (0.1s doubling, at most %.1fs) "
+                "until it works", self.queue, exc, self.cap,
+            )
+        else:
+            log.debug("claim on %r failed again (%s); retrying in %.1fs", self.queue, exc, delay)
+        return delay
+
+    def recovered(self) -> None:
+        if self.failures:
+            log.info(
+                "claim on %r works again after %d failed attempt(s) over %.1fs",
+                self.queue, self.failures, time.monotonic() - self.since,
+            )
+            self.failures = 0
+
+
+class _Source:
+    """One queue the claimer serves, and what it knows about it."""
+
+    def __init__(self, queue: Queue, poll_interval: float) -> None:
+        self.queue = queue
+        self.outage = _Outage(queue.name, poll_interval)
+        self.woken = True  # claim at the next chance: start-up, a wake, a full batch, a failed claim
+        self.due = 0.0  # monotonic time a claim is due anyway (its next due job, or the re-poll)
+        self.not_before = 0.0  # monotonic time before which it is not claimed (backoff)
+        self.drained = False  # burst: its last claim, made with nothing in flight, found nothing
+
+    def ready(self, now: float) -> bool:
+        return now >= self.not_before and (self.woken or now >= self.due)
+
+    def ready_at(self) -> float:
+        return self.not_before if self.woken else max(self.not_before, self.due)
+
+
+class Claimer:
+    """Claims for one worker from its queues; hands each batch to ``start`` (roster + runner)."""
+
+    def __init__(
+        self,
+        queues: list[Queue],
+        worker_id: str,
+        *,
+        batch_size: int,
+        poll_interval: float,
+        free: Callable[[], int],
+        busy: Callable[[], int],
+        start: Callable[[list[JobHandle]], None],
+        nudge: threading.Event,
+    ) -> None:
+        self.sources = [_Source(q, poll_interval) for q in queues]
+        self._by_name = {s.queue.name: s for s in self.sources}
+        self.worker_id = worker_id
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self._free, self._busy, self._start = free, busy, start
+        self._nudge = nudge  # set by a wake-up, a freed slot, or stop
+        self._next = 0  # where the next round's round-robin order starts
+
+    def wake(self, queue: str) -> None:
+        """A committed enqueue into ``queue`` (called on the wake hub's thread)."""
+        source = self._by_name.get(queue)
+        if source is not None:
+            source.woken = True
+            self._nudge.set()
+
+    def run(self, stop: StopToken, burst: bool) -> None:
+        """Until ``stop`` (or, with ``burst``, until nothing is claimable and nothing runs)."""
+        while not stop.stopped:
+            free = self._free()
+            if free > 0:
+                if burst and self._busy() == 0:
+                    if all(s.drained for s in self.sources):
+                        return
+                    for s in self.sources:  # the burst ends only once every queue was found empty
+                        s.woken = s.woken or not s.drained
+                ready = self._ready(time.monotonic())
+                if ready:
+                    self._round(ready, free, clean=burst and self._busy() == 0)
+                    continue
+            # The flags above carry every reason to claim; the nudge only ends the sleep, so a
+            # wake that lands between reading them and clearing it is still seen next turn.
+            self._nudge.wait(self._sleep(free))
+            self._nudge.clear()
+
+    def _ready(self, now: float) -> list[_Source]:
+        """The ready queues, in this round's round-robin order."""
+        order = self.sources[self._next:] + self.sources[: self._next]
+        return [s for s in order if s.ready(now)]
+
+    def _round(self, ready: list[_Source], free: int, *, clean: bool) -> None:
+        """Split ``free`` slots over the ready queues and claim each share. ``clean``: nothing
+        is in flight, so an empty claim proves the queue drained (for burst)."""
+        self._next = (self.sources.index(ready[0]) + 1) % len(self.sources)
+        base, extra = divmod(free, len(ready))
+        for i, s in enumerate(ready):
+            want = min(base + (1 if i < extra else 0), self.batch_size)
+            if want <= 0:
+                break
+            s.woken = False  # cleared before the claim: a wake that comes during it is kept
+            try:
+                handles = s.queue.claim_batch(self.worker_id, want)
+            except AlkstoreError as exc:
+                s.woken = True  # try again once the backoff is over
+                s.not_before = time.monotonic() + s.outage.failed(exc)
+                continue
+            s.not_before = 0.0
+            s.outage.recovered()
+            if handles:
+                self._start(handles)
+                clean = False
+                for other in self.sources:
+                    other.drained = False  # jobs run now may enqueue more anywhere
+            if len(handles) == want:
+                s.woken = True  # a full batch: there may be more
+            else:
+                s.due = time.monotonic() + self._idle_wait(s.queue)
+                s.drained = clean
+
+    def _sleep(self, free: int) -> float:
+        """Seconds until a queue becomes ready (at most poll_interval); with no free slot,
+        until a slot frees (which nudges), bounded by poll_interval."""
+        if free <= 0:
+            return self.poll_interval
+        until = min(s.ready_at() for s in self.sources) - time.monotonic()
+        return min(self.poll_interval, max(until, 0.001))
+
+    def _idle_wait(self, queue: Queue) -> float:
+        """Sleep until the next delayed job is due or a claim lapses, at most poll_interval."""
+        store = queue.store
+        try:
+            with store.executor() as ex:
+                due = store.backend.next_due(ex, {"queue": queue.name, "now": store.now()})
+        except AlkstoreError as exc:
+            log.warning("could not read the next due time of %r: %s", queue.name, exc)
+            return self.poll_interval
+        if due is None:
+            return self.poll_interval
+        return min(self.poll_interval, due + 0.001)

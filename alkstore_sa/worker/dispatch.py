@@ -1,0 +1,104 @@
+"""What the worker runs for a claimed job: its handler, or the task its payload names.
+
+Decided on the claim loop's thread as each job is handed over (for tasks, a dict lookup),
+so the runner only has to know whether the call is sync (a thread) or async (the event
+loop) — or that the outcome is known without running anything: a job naming a task this
+worker does not have is retried, a payload that is no task call is failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..model import Job
+from ..queue import JobHandle
+from ..tasks import NotATaskPayload, Tasks, UnknownTask
+from .heartbeater import ClaimKey, claim_key
+from .outcomes import Outcome
+
+log = logging.getLogger("alkstore_sa")
+
+
+@dataclass
+class Work:
+    """One claimed job on its way through the runner."""
+
+    handle: JobHandle
+    context: dict[str, Any]  # the ``extra`` fields of every log record about the job
+    what: str  # "handler" or "task 'NAME'", for messages
+    call: Callable[[], Any] | None = None  # runs the handler or task; None when ``outcome`` is set
+    is_async: bool = False  # the call returns a coroutine for the worker's event loop
+    outcome: Outcome | None = None  # known without running anything
+
+    @property
+    def job(self) -> Job:
+        return self.handle.job
+
+    @property
+    def key(self) -> ClaimKey:
+        return claim_key(self.handle)
+
+
+def is_async_callable(fn: object) -> bool:
+    """``async def`` functions, partials of them, and objects with an ``async def __call__``
+    (what ``inspect.iscoroutinefunction`` recognizes, also via ``markcoroutinefunction``)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - a callable object's async __call__
+    )
+
+
+def job_context(h: JobHandle, worker_id: str) -> dict[str, Any]:
+    job = h.job
+    return {"queue": job.queue, "job_id": job.id, "attempt": job.attempts, "worker_id": worker_id}
+
+
+class HandlerDispatch:
+    """The §11 form: one handler, called with the job, for every queue served."""
+
+    def __init__(self, handler: Callable[[Job], Any]) -> None:
+        self.handler = handler
+        self.is_async = is_async_callable(handler)
+
+    def work(self, h: JobHandle, context: dict[str, Any]) -> Work:
+        return Work(h, context, "handler", functools.partial(self.handler, h.job), self.is_async)
+
+
+class TaskDispatch:
+    """The §12 form: the task a job's payload names, called with its args and kwargs."""
+
+    def __init__(self, tasks: Tasks) -> None:
+        self.tasks = tasks
+
+    def work(self, h: JobHandle, context: dict[str, Any]) -> Work:
+        job = h.job
+        try:
+            task, args, kwargs = self.tasks.resolve(job.payload)
+        except UnknownTask as exc:
+            # a deploy in progress: a worker that has the task may come along, so the job is
+            # retried on its curve (and goes dead at its attempt budget), never acked
+            log.warning(
+                "job %s of %r: %s (this worker has %s); retrying it",
+                job.id, job.queue, exc, _listed(self.tasks), extra=context,
+            )
+            return Work(h, context, f"task {exc.name!r}", outcome=Outcome("retry", str(exc)))
+        except NotATaskPayload as exc:
+            # nothing can make this job runnable: it was not enqueued by a Task
+            log.warning("job %s of %r: %s; failing it", job.id, job.queue, exc, extra=context)
+            return Work(h, context, "task", outcome=Outcome("fail", str(exc)))
+        context["task"] = task.name
+        call = functools.partial(task.func, *args, **kwargs)
+        return Work(h, context, f"task {task.name!r}", call, task.is_async)
+
+
+Dispatch = HandlerDispatch | TaskDispatch
+
+
+def _listed(tasks: Tasks, limit: int = 5) -> str:
+    names = [t.name for t in tasks]
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

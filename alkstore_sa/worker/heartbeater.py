@@ -1,0 +1,103 @@
+"""The heartbeat roster: every live claim of this worker, and the thread that extends them.
+
+Entries are keyed by the claim — (job id, attempt) — never by the job id alone: the same
+worker can hold a job's new claim while the handler of its lapsed earlier claim still
+runs, and that old handler's exit must only ever remove its own entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ..errors import AlkstoreError, HandleConsumed
+from ..queue import JobHandle
+
+log = logging.getLogger("alkstore_sa")
+
+ClaimKey = tuple[int, int]  # (job id, attempt): one claim of one job
+
+
+def claim_key(h: JobHandle) -> ClaimKey:
+    return (h.id, h.job.attempts)
+
+
+@dataclass
+class _Entry:
+    handle: JobHandle
+    next_beat: float  # time.monotonic() of the next heartbeat
+    lost: bool = False  # a heartbeat was refused: the claim is gone
+
+
+class Heartbeater:
+    """Extends each rostered claim every third of its job's visibility timeout (a failed
+    heartbeat is retried sooner); marks a claim lost when a heartbeat is refused."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._roster: dict[ClaimKey, _Entry] = {}
+        self._nudge = threading.Event()  # the schedule changed (new claims) or stop
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="alkstore-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop heartbeating (whatever still runs is left to let its claim lapse)."""
+        self._stopped = True
+        self._nudge.set()
+
+    def add(self, handles: list[JobHandle]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for h in handles:
+                self._roster[claim_key(h)] = _Entry(h, now + h.job.visibility_timeout / 3)
+        if handles:
+            self._nudge.set()  # the first beat of a short visibility timeout may be due soon
+
+    def remove(self, key: ClaimKey) -> None:
+        with self._lock:
+            self._roster.pop(key, None)
+
+    def lost(self, key: ClaimKey) -> bool:
+        """Whether a heartbeat of this claim was refused (the claim lapsed, was cancelled or
+        swept)."""
+        with self._lock:
+            entry = self._roster.get(key)
+        return entry is not None and entry.lost
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            now = time.monotonic()
+            with self._lock:
+                live = [e for e in self._roster.values() if not e.lost]
+            for entry in live:
+                if entry.next_beat <= now:
+                    self._beat(entry)
+            upcoming = min((e.next_beat for e in live), default=now + 1.0)
+            self._nudge.wait(max(0.005, min(1.0, upcoming - time.monotonic())))
+            self._nudge.clear()
+
+    def _beat(self, entry: _Entry) -> None:
+        vt = entry.handle.job.visibility_timeout
+        try:
+            ok = entry.handle.heartbeat(vt)
+        except HandleConsumed:
+            return  # its outcome was recorded meanwhile
+        except AlkstoreError as exc:
+            log.warning("job %s: heartbeat failed (%s); will try again", entry.handle.id, exc)
+            entry.next_beat = time.monotonic() + min(vt / 10, 1.0)
+            return
+        if ok:
+            entry.next_beat = time.monotonic() + vt / 3
+        else:
+            entry.lost = True
+            log.warning(
+                "job %s (attempt %d): claim lost (lapsed, cancelled or swept); its result will not be acked",
+                entry.handle.id, entry.handle.job.attempts,
+            )

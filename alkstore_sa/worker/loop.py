@@ -1,0 +1,90 @@
+"""The worker's own asyncio event loop, on one thread, for ``async def`` handlers and tasks.
+
+Started at the first async job (a worker that only runs sync code never has one). Each
+job is submitted with ``asyncio.run_coroutine_threadsafe``, which makes it an asyncio task
+of its own. Closing cancels whatever still runs on the loop — jobs abandoned after the
+grace period, tasks that jobs spawned and left behind — gives them a bounded time to
+unwind (their ``finally`` blocks run), then stops and closes the loop, as ``asyncio.run``
+does at its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger("alkstore_sa")
+
+UNWIND_TIMEOUT = 5.0  # seconds cancelled coroutines get to finish at close
+
+
+class EventLoopThread:
+    """One event loop running forever on a daemon thread until ``close()``."""
+
+    def __init__(self, name: str = "alkstore-loop") -> None:
+        self.name = name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Run ``coro`` as an asyncio task on the loop (started now if need be). Called from
+        the claim loop's thread only."""
+        loop = self.loop if self.loop is not None else self._start()
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
+        self._thread.start()
+        ready.wait()
+        self.loop = loop
+        return loop
+
+    def close(self, timeout: float = UNWIND_TIMEOUT) -> None:
+        """Cancel every task still on the loop, wait up to ``timeout`` seconds for them to
+        unwind, then stop and close the loop. A loop that a coroutine blocks (sync code
+        that never yields) cannot be closed: that is logged and its thread left behind."""
+        loop, thread = self.loop, self._thread
+        if loop is None or thread is None:
+            return
+        unwound = asyncio.run_coroutine_threadsafe(_cancel_all(timeout), loop)
+        try:
+            left = unwound.result(timeout + 1.0)
+        except concurrent.futures.TimeoutError:
+            left = -1
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout if left >= 0 else 1.0)
+        if thread.is_alive():
+            log.warning(
+                "the worker's event loop is blocked (a coroutine runs sync code that never "
+                "yields): it could not be stopped and is left running"
+            )
+            return
+        if left > 0:
+            log.warning("%d asyncio task(s) ignored cancellation at shutdown and were dropped", left)
+        loop.close()
+
+
+async def _cancel_all(timeout: float) -> int:
+    """Cancel every other task of the running loop; the number still pending after
+    ``timeout`` seconds."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    pending: set[asyncio.Task[Any]] = set()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+    await asyncio.get_running_loop().shutdown_asyncgens()
+    return len(pending)

@@ -1,0 +1,139 @@
+"""What a handler or task did, as a queue operation (SPEC §11, §12), and recording it
+through the claim.
+
+Returning → ``ack``; raising ``Fail(msg)`` → ``fail(msg)``; raising ``Retry(delay=...)`` →
+``retry`` with that delay; raising anything else → ``retry(str(exc))`` on the backoff
+curve. Sync calls run on a runner thread (``outcome_of``), ``async def`` ones are awaited
+on the worker's event loop (``aoutcome_of``); both inside ``running(job)``, so
+``alk.current_job()`` is the job in that thread or asyncio task. A sync call whose result
+is awaitable (a coroutine, a Future) is never acked: nothing ran it to completion, so the
+job is retried with an error saying so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import _validate as v
+from .._current import running
+from ..queue import JobHandle
+
+if TYPE_CHECKING:
+    from .dispatch import Work
+
+log = logging.getLogger("alkstore_sa")
+
+
+class Fail(Exception):
+    """Raise from a handler to dead-letter the job now, with ``message`` as its last error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Retry(Exception):
+    """Raise from a handler to retry the job after ``delay`` seconds (None: the backoff curve)."""
+
+    def __init__(self, delay: v.Duration | None = None, error: str = "retry requested") -> None:
+        super().__init__(error)
+        self.delay = delay
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The operation a handler's result calls for: ``ack``, ``retry`` or ``fail``."""
+
+    kind: str
+    error: str | None = None
+    delay: v.Duration | None = None
+
+
+ACK = Outcome("ack")
+
+
+def outcome_of(work: Work) -> Outcome:
+    """Run a sync handler or task and map what it did to an Outcome (an ``Exception`` from
+    it is a retry, never raised here)."""
+    call = work.call
+    assert call is not None  # set for every Work that is run
+    try:
+        with running(work.job):  # alk.current_job() inside the handler
+            result = call()
+    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+        return _raised(work, exc)
+    if inspect.isawaitable(result):
+        message = _discard_awaitable(work.what, result)
+        log.warning("job %s of %r: %s", work.job.id, work.job.queue, message, extra=work.context)
+        return Outcome("retry", message)
+    return ACK
+
+
+async def aoutcome_of(work: Work) -> Outcome:
+    """Await an ``async def`` handler or task (in its own asyncio task on the worker's loop)
+    and map what it did to an Outcome. ``CancelledError`` is not an outcome: it propagates
+    to the runner, which knows whether the worker cancelled it."""
+    call = work.call
+    assert call is not None  # set for every Work that is run
+    try:
+        with running(work.job):  # set in this asyncio task's own context
+            await call()
+    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+        return _raised(work, exc)
+    return ACK
+
+
+def _raised(work: Work, exc: Exception) -> Outcome:
+    if isinstance(exc, Fail):
+        return Outcome("fail", exc.message)
+    if isinstance(exc, Retry):
+        return Outcome("retry", exc.error, exc.delay)
+    job = work.job
+    log.warning(
+        "job %s of %r raised %s: %s", job.id, job.queue, type(exc).__name__, exc,
+        extra=work.context, exc_info=exc,
+    )
+    return Outcome("retry", str(exc) or type(exc).__name__)
+
+
+def _discard_awaitable(what: str, result: Any) -> str:
+    """Close an unawaited coroutine (so it never runs, and Python does not warn that it was
+    never awaited) and say what happened."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        result.close()
+    return (
+        f"{what} returned an awaitable ({type(result).__name__}) but is not an async def "
+        "function: it was discarded unawaited and the job will be retried (declare it "
+        "`async def` for the worker to await it)"
+    )
+
+
+def settle(h: JobHandle, outcome: Outcome, context: dict[str, Any]) -> bool:
+    """Record ``outcome`` under the job's own claim; True if it landed. Logs one WARNING
+    when the job went dead through it (``fail``, or a retry at the attempt budget)."""
+    job = h.job
+    if outcome.kind == "ack":
+        return h.ack()
+    if outcome.kind == "fail":
+        landed = h.fail(outcome.error)
+        last_error = "failed" if outcome.error is None else outcome.error
+        dead = landed
+    else:
+        # read before the retry: at the budget retry() buries instead (and says only True)
+        exhausted = job.attempts >= job.max_attempts
+        error = "retry requested" if outcome.error is None else outcome.error
+        landed = h.retry(error, outcome.delay)
+        last_error = "max attempts exceeded"
+        dead = landed and exhausted
+    if dead:
+        because = "" if outcome.error in (None, last_error) else f" (last error: {outcome.error})"
+        log.warning(
+            "job %s of %r is dead after %d/%d attempt(s): %s%s",
+            job.id, job.queue, job.attempts, job.max_attempts, last_error, because,
+            extra={**context, "last_error": last_error},
+        )
+    return landed

@@ -1,0 +1,275 @@
+"""``Worker``: its two forms and their options, and ``run()`` wiring the claimer, the runner
+and the heartbeater.
+
+Stopping: claiming stops at once, in-flight jobs get ``shutdown_grace`` seconds to
+finish, and whatever still runs after that is released by letting its claim lapse (async
+jobs are cancelled so the event loop can close; sync ones keep their threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import _validate as v
+from ..errors import AlkstoreError, InvalidOptions
+from ..model import Job
+from ..queue import JobHandle, Queue
+from ..stop import StopToken
+from ..store import Store
+from ..tasks import Task, Tasks
+from .claimer import Claimer
+from .dispatch import Dispatch, HandlerDispatch, TaskDispatch, Work, job_context
+from .heartbeater import Heartbeater
+from .outcomes import Outcome, settle
+from .runner import Runner
+
+log = logging.getLogger("alkstore_sa")
+
+Handler = Callable[[Job], Any]
+QueueLike = str | Queue
+
+HANDLER_CONCURRENCY = 4  # the §11 form's default
+TASKS_CONCURRENCY = 8  # the §12 form's default
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Runs the jobs of one or more queues, at most ``concurrency`` at a time.
+
+    ``Worker(store, tasks)``: every queue that has a task in the ``Tasks`` registry (or the
+    ``queues=`` subset), calling the task each job names. ``Worker(store, queue, handler)``:
+    ``handler(job)`` for every job of ``queue`` — a name, a ``Queue``, or a list of them.
+    Sync handlers and tasks run on threads, ``async def`` ones on an event loop the worker
+    owns.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        target: Tasks | QueueLike | Sequence[QueueLike],
+        handler: Handler | None = None,
+        *,
+        concurrency: int | None = None,
+        queues: QueueLike | Sequence[QueueLike] | None = None,
+        worker_id: str | None = None,
+        batch_size: int | None = None,
+        poll_interval: v.Duration = 5.0,
+        shutdown_grace: v.Duration = 30.0,
+    ) -> None:
+        self.store = store
+        self.tasks: Tasks | None = None
+        self.handler: Handler | None = None
+        self._dispatch: Dispatch
+        if isinstance(target, Tasks):
+            if handler is not None:
+                raise InvalidOptions(
+                    "a Worker given a Tasks registry calls the task each job names: pass no handler"
+                )
+            self.tasks = target
+            self.queues = _task_queues(store, target, queues)
+            self._dispatch = TaskDispatch(target)
+            default_concurrency = TASKS_CONCURRENCY
+        else:
+            if queues is not None:
+                raise InvalidOptions(
+                    "queues= narrows the queues of a Tasks registry; with a handler, pass the "
+                    "queue (or a list of queues) as the second argument"
+                )
+            if handler is None:
+                raise InvalidOptions(
+                    "a Worker on a queue needs a handler: Worker(store, queue, handler), or "
+                    "Worker(store, tasks) for a Tasks registry"
+                )
+            if not callable(handler):
+                raise InvalidOptions("handler must be callable")
+            if isinstance(handler, Task):
+                # calling a task with the Job would pass the Job as its first argument
+                raise InvalidOptions(
+                    f"the handler is a task ({handler.name!r}): pass its Tasks registry instead, "
+                    f"Worker(store, tasks, queues=[{handler.queue!r}])"
+                )
+            self.handler = handler
+            self.queues = _listed_queues(store, target)
+            self._dispatch = HandlerDispatch(handler)
+            default_concurrency = HANDLER_CONCURRENCY
+        self.queue = self.queues[0]  # the one queue of a one-queue worker
+        concurrency = default_concurrency if concurrency is None else concurrency
+        self.concurrency = v.int32(concurrency, "concurrency", minimum=1)
+        self.batch_size = self.concurrency if batch_size is None else v.int32(batch_size, "batch_size", minimum=1)
+        self.worker_id = default_worker_id() if worker_id is None else v.worker_id(worker_id)
+        self.poll_interval = v.duration(poll_interval, "poll_interval", inclusive=False)
+        self.shutdown_grace = v.duration(shutdown_grace, "shutdown_grace")
+        self.processed = 0  # outcomes recorded (landed or refused), for callers' summaries
+        self._count_lock = threading.Lock()
+        self._roster = Heartbeater()
+
+    def __repr__(self) -> str:
+        return f"<alkstore_sa.Worker {self.worker_id!r} on {_names(self.queues)}>"
+
+    # -- main loop -------------------------------------------------------------------------
+
+    def run(self, stop: StopToken | None = None, *, burst: bool = False) -> None:
+        """Claim and run jobs until ``stop``; then drain in-flight work (bounded by the
+        grace period) and return. ``burst=True`` also returns once no queue has a
+        claimable job and nothing runs (batch scripts, tests, cron-style runs)."""
+        stop = stop or StopToken()
+        self.store.check_schema()
+        nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop
+        stop.on_stop(nudge.set)
+        self._roster = Heartbeater()
+        runner = Runner(self.concurrency, self._finish, nudge.set)
+
+        def start(handles: list[JobHandle]) -> None:
+            self._roster.add(handles)  # heartbeated from now on, before it starts running
+            runner.submit([self._dispatch.work(h, job_context(h, self.worker_id)) for h in handles])
+
+        claimer = Claimer(
+            self.queues, self.worker_id, batch_size=self.batch_size, poll_interval=self.poll_interval,
+            free=runner.free, busy=lambda: runner.busy, start=start, nudge=nudge,
+        )
+        watches = self._watch(claimer)
+        self._roster.start()
+        log.info("worker %s started on %s (%sconcurrency %d)", self.worker_id, _names(self.queues),
+                 "" if self.tasks is None else f"{len(self.tasks)} task(s), ", self.concurrency)
+        try:
+            claimer.run(stop, burst)
+            if stop.stopped:
+                log.info(
+                    "worker %s: stop requested; finishing %d in-flight job(s) (grace %gs)",
+                    self.worker_id, runner.busy, self.shutdown_grace,
+                )
+        finally:
+            self._drain(runner)
+            self._roster.stop()
+            self._unwatch(watches)
+            log.info("worker %s stopped after %d jobs", self.worker_id, self.processed)
+
+    def _drain(self, runner: Runner) -> None:
+        left = runner.wait_idle(self.shutdown_grace)
+        if left:
+            log.warning(
+                "worker %s: %d job(s) still running after the %gs grace period; their claims "
+                "will lapse and another worker will retry them",
+                self.worker_id, left, self.shutdown_grace,
+            )
+        runner.stop()
+
+    # -- wake ------------------------------------------------------------------------------
+
+    def _watch(self, claimer: Claimer) -> list[tuple[Any, str, int]]:
+        """Register a wake callback per queue; none (polling only) if the hub cannot start."""
+        watches: list[tuple[Any, str, int]] = []
+        try:
+            hub = self.store.hub()
+            for q in self.queues:
+                key = self.store.backend.wake_key(q.name)
+                wake = _waker(claimer, q.name)
+                watches.append((hub, key, hub.watch_queue(key, wake)))
+        except AlkstoreError as exc:
+            log.warning("no wake-ups for %s (%s): polling every %.1fs", _names(self.queues), exc, self.poll_interval)
+            self._unwatch(watches)
+            return []
+        return watches
+
+    def _unwatch(self, watches: list[tuple[Any, str, int]]) -> None:
+        for hub, key, token in watches:
+            with contextlib.suppress(AlkstoreError):
+                hub.unwatch_queue(key, token)
+
+    # -- one job's outcome -----------------------------------------------------------------
+
+    def _finish(self, w: Work, outcome: Outcome | None) -> None:
+        """Record a job's outcome under its claim, on a runner thread (``None``: the job was
+        abandoned at shutdown; nothing is recorded and the claim lapses)."""
+        h, context = w.handle, w.context
+        try:
+            if outcome is None:
+                return
+            if self._roster.lost(w.key):
+                log.warning(
+                    "job %s: claim lost before %s; not %sing", h.id, outcome.kind, outcome.kind, extra=context
+                )
+                return
+            try:
+                landed = settle(h, outcome, context)
+            except (AlkstoreError, ValueError) as exc:
+                log.error("job %s: %s failed: %s", h.id, outcome.kind, exc, extra=context)
+                return
+            with self._count_lock:
+                self.processed += 1
+            if landed:
+                log.debug("job %s: %s", h.id, outcome.kind, extra=context)
+            else:
+                log.warning("job %s: %s refused (claim lapsed, cancelled or swept)", h.id, outcome.kind, extra=context)
+        finally:
+            self._roster.remove(w.key)  # this claim only: a newer claim of the job keeps beating
+
+
+def _waker(claimer: Claimer, queue: str) -> Callable[[], None]:
+    return lambda: claimer.wake(queue)
+
+
+def _names(queues: list[Queue]) -> str:
+    if len(queues) == 1:
+        return f"queue {queues[0].name!r}"
+    return "queues " + ", ".join(repr(q.name) for q in queues)
+
+
+def _handle(store: Store, q: object) -> Queue:
+    if isinstance(q, Queue):
+        return q
+    return store.queue(q)  # type: ignore[arg-type]  # validates the name (InvalidName)
+
+
+def _as_list(value: object, what: str) -> list[Any]:
+    if isinstance(value, Task):
+        raise InvalidOptions(f"{what}: got a task ({value.name!r}); pass its Tasks registry instead")
+    if isinstance(value, (str, Queue)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise InvalidOptions(f"{what}: give at least one queue")
+        return list(value)
+    raise InvalidOptions(
+        f"{what}: expected a queue name, a Queue or a list of them, got {type(value).__name__}"
+    )
+
+
+def _unique(queues: list[Queue]) -> list[Queue]:
+    """Each queue once (by name), in the order given."""
+    first: dict[str, Queue] = {}
+    for q in queues:
+        first.setdefault(q.name, q)
+    return list(first.values())
+
+
+def _listed_queues(store: Store, target: object) -> list[Queue]:
+    """The queues of the §11 form: a name, a Queue, or a list of them."""
+    return _unique([_handle(store, q) for q in _as_list(target, "Worker(store, queue, handler)")])
+
+
+def _task_queues(store: Store, tasks: Tasks, queues: object) -> list[Queue]:
+    """The queues a Tasks worker serves: every queue with a task, or the ``queues=`` subset
+    (each of which must have a task)."""
+    have = tasks.queues()
+    if not have:
+        raise InvalidOptions("the Tasks registry has no tasks: nothing to serve (import the modules that define them first)")
+    if queues is None:
+        return [store.queue(name) for name in have]
+    chosen = _unique([_handle(store, q) for q in _as_list(queues, "queues=")])
+    for q in chosen:
+        if q.name not in have:
+            raise InvalidOptions(
+                f"queue {q.name!r} has no task in this registry (its queues: {', '.join(map(repr, have))})"
+            )
+    return chosen

@@ -1,0 +1,371 @@
+"""The ``alkstore`` command's failures, run as real subprocesses: every failure is ONE line on
+stderr (what went wrong, what to do) with the documented exit code — 2 when the command
+cannot run as given (usage, URL, handler, missing database or tables), 1 when it ran and
+the database or the operation failed — and never a traceback unless ``--traceback`` asks
+for it. Also: the URL forms of SPEC §4 and driver options in ``--url``, and the log line of
+a worker told to stop by a signal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from tests.conftest import require_pg
+from tests.support import (
+    PG_URL,
+    Target,
+    drop_pg_schema,
+    new_pg_schema,
+    pg_target,
+    sqlite_target,
+    wait_for,
+)
+
+ALKSTORE = Path(sys.executable).with_name("alkstore")
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/test"  # nothing listens on port 1
+STARTUP = 60.0  # a fresh interpreter imports SQLAlchemy (and psycopg) first
+
+
+def env(**extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    clean.update(extra)
+    return clean
+
+
+def alkstore(*argv: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ALKSTORE), *argv], capture_output=True, text=True, timeout=timeout, env=env(),
+        stdin=subprocess.DEVNULL, cwd=cwd,
+    )
+
+
+def one_line_failure(res: subprocess.CompletedProcess[str], code: int) -> str:
+    """Assert the command failed with ``code`` and exactly one line on stderr; return it."""
+    detail = f"exit {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
+    assert res.returncode == code, detail
+    assert "Traceback" not in res.stderr, detail
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, detail
+    assert lines[0].startswith("alkstore"), detail
+    assert res.stdout == "", detail
+    return lines[0]
+
+
+def pg_url(drivername: str, query: str = "") -> str:
+    url = make_url(PG_URL).set(drivername=drivername).render_as_string(hide_password=False)
+    return f"{url}?{query}" if query else url
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Iterator[Target]:
+    target = sqlite_target(str(tmp_path))
+    yield target
+    target.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def pg_db() -> Iterator[Target]:
+    require_pg()
+    target = pg_target(new_pg_schema("clierr"))
+    yield target
+    drop_pg_schema(target)
+
+
+# -- the documented exit codes -------------------------------------------------------------------
+
+
+def test_help_documents_exit_codes_and_traceback_flag(tmp_path: Path) -> None:
+    res = alkstore("--help", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "exit codes" in res.stdout.lower() and "--traceback" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "COMMAND"),
+        (["nosuchcommand"], "nosuchcommand"),
+        (["status", "--bogus"], "--bogus"),
+        (["dead", "show", "abc"], "abc"),
+        (["worker", "builtins:repr"], "--queue"),
+        (["dead", "list", "--queue", "a", "-q", "b"], "--queue"),
+        (["dead", "requeue", "--queue", "a", "-q", "b", "1"], "--queue"),
+    ],
+    ids=lambda v: "-".join(v) if isinstance(v, list) else None,
+)
+def test_usage_errors_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, argv: list[str], says: str) -> None:
+    db_args = ["--url", sqlite_db.url] if argv and argv[0] in ("status", "worker", "dead") and argv[1:2] != ["show"] else []
+    line = one_line_failure(alkstore(*argv, *db_args, cwd=tmp_path), 2)
+    assert says in line and "--help" in line, line
+
+
+def test_a_repeated_queue_serves_every_queue_given(sqlite_db: Target, tmp_path: Path) -> None:
+    """``--queue a --queue b`` with a handler: the same handler for both (never only the last)."""
+    store = sqlite_db.store()
+    try:
+        store.queue("a").enqueue({"n": 1})
+        store.queue("b").enqueue({"n": 2})
+        store.queue("c").enqueue({"n": 3})
+        res = alkstore("worker", "builtins:repr", "--queue", "a", "--queue", "b", "--burst", "--url", sqlite_db.url, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert [store.queue(q).stats().ready for q in "abc"] == [0, 0, 1]
+    finally:
+        store.close()
+
+
+REGISTRY = """
+import alkstore_sa as alk
+
+tasks = alk.Tasks()
+
+
+@tasks.task(queue="emails")
+def send(n):
+    print("sent", n, flush=True)
+
+
+@tasks.task(queue="reports")
+async def build(day):
+    print("built", day, flush=True)
+"""
+
+
+def test_worker_serves_a_tasks_registry(sqlite_db: Target, tmp_path: Path) -> None:
+    """``worker MODULE:TASKS`` serves every queue of the registry; ``--queue`` narrows it, and
+    a ``--queue`` with no task in the registry is a usage error that consumes nothing."""
+    (tmp_path / "jobs_registry.py").write_text(REGISTRY)
+    store = sqlite_db.store()
+    try:
+        send_id = store.queue("emails").enqueue({"task": "jobs_registry.send", "args": [1], "kwargs": {}})
+        store.queue("reports").enqueue({"task": "jobs_registry.build", "args": ["mon"], "kwargs": {}})
+        bad = alkstore("worker", "jobs_registry:tasks", "--queue", "nosuch", "--burst", "--url", sqlite_db.url, cwd=tmp_path)
+        line = one_line_failure(bad, 2)
+        assert "'nosuch'" in line and "'emails'" in line, line
+        narrowed = alkstore("worker", "jobs_registry:tasks", "-q", "emails", "--burst", "--url", sqlite_db.url, cwd=tmp_path)
+        assert narrowed.returncode == 0, narrowed.stderr
+        assert "sent 1" in narrowed.stdout and "built" not in narrowed.stdout
+        assert store.get_job(send_id) is None and store.queue("reports").stats().ready == 1
+        everything = alkstore("worker", "jobs_registry:tasks", "--burst", "--url", sqlite_db.url, cwd=tmp_path)
+        assert everything.returncode == 0, everything.stderr
+        assert "built mon" in everything.stdout
+        assert store.queue("reports").stats().pending == 0
+    finally:
+        store.close()
+
+
+def test_no_database_url_is_one_line_exit_2(tmp_path: Path) -> None:
+    line = one_line_failure(alkstore("status", cwd=tmp_path), 2)
+    assert "--url" in line and "ALKSTORE_DATABASE_URL" in line
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("not a url", "not a database URL"),
+        ("mysql://u@h/db", "mysql"),
+        ("postgresql://u@h/db?prepare_threshold=often", "prepare_threshold"),
+        ("postgresql://u:s3cr3t@h/db?no_such_option=1", "no_such_option"),
+    ],
+)
+def test_unusable_url_is_one_line_exit_2(tmp_path: Path, url: str, says: str) -> None:
+    line = one_line_failure(alkstore("status", "--url", url, cwd=tmp_path), 2)
+    assert says in line and "s3cr3t" not in line, line
+
+
+def test_not_installed_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    sa.create_engine(f"sqlite:///{path}").connect().close()  # an existing database without the tables
+    line = one_line_failure(alkstore("status", "--url", f"sqlite:///{path}", cwd=tmp_path), 2)
+    assert "alkstore migrate" in line
+
+
+# -- handler paths ---------------------------------------------------------------------------------
+
+MODULES = {
+    "broken_jobs.py": "raise RuntimeError('boom at import')\n",
+    "needs_dep.py": "import no_such_dependency_xyz\n\ndef handle(job):\n    pass\n",
+    "good_jobs.py": "VALUE = 3\n\ndef handle(job):\n    pass\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("nosuchmodule:handler", "nosuchmodule"),
+        ("good_jobs:nosuchattr", "nosuchattr"),
+        ("good_jobs:handle.nope", "nope"),
+        ("good_jobs.handle", "MODULE:HANDLER"),
+        (":handle", "MODULE:HANDLER"),
+        ("good_jobs:VALUE", "neither a Tasks registry nor callable"),
+        ("broken_jobs:handle", "boom at import"),
+        ("needs_dep:handle", "no_such_dependency_xyz"),
+    ],
+)
+def test_handler_path_mistakes_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, spec: str, says: str) -> None:
+    for name, text in MODULES.items():
+        (tmp_path / name).write_text(text)
+    res = alkstore("worker", spec, "--queue", "q", "--url", sqlite_db.url, cwd=tmp_path)
+    line = one_line_failure(res, 2)
+    assert says in line, line
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_traceback_flag_shows_the_traceback(sqlite_db: Target, tmp_path: Path, where: str) -> None:
+    (tmp_path / "broken_jobs.py").write_text(MODULES["broken_jobs.py"])
+    argv = ["worker", "broken_jobs:handle", "--queue", "q", "--url", sqlite_db.url]
+    argv = ["--traceback", *argv] if where == "before" else [*argv, "--traceback"]
+    res = alkstore(*argv, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" in res.stderr and "RuntimeError: boom at import" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("alkstore")  # the summary comes last
+
+
+def test_unexpected_error_is_one_line_with_a_hint(tmp_path: Path) -> None:
+    (tmp_path / "alembic.ini").write_text("this is not an ini file\n")
+    line = one_line_failure(alkstore("alembic-revision", cwd=tmp_path), 1)
+    assert "--traceback" in line, line
+
+
+def test_alembic_revision_usage_error_is_one_line_exit_2(tmp_path: Path) -> None:
+    line = one_line_failure(alkstore("alembic-revision", cwd=tmp_path), 2)
+    assert "alembic.ini" in line
+
+
+def test_migrate_to_an_unknown_revision_is_one_line_exit_2(tmp_path: Path) -> None:
+    res = alkstore("migrate", "--revision", "nosuchrev", "--url", f"sqlite:///{tmp_path / 'm.db'}", cwd=tmp_path)
+    assert "nosuchrev" in one_line_failure(res, 2)
+
+
+# -- URL forms (SPEC §4) and driver options ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheme", "query"),
+    [("postgresql", ""), ("postgres", ""), ("postgresql+psycopg", ""), ("postgresql", "prepare_threshold=0"),
+     ("postgres", "prepare_threshold=none&connect_timeout=5&keepalives_idle=30")],
+)
+def test_postgres_url_forms_work(pg_db: Target, tmp_path: Path, scheme: str, query: str) -> None:
+    store = pg_db.store()
+    queue = f"forms-{uuid.uuid4().hex[:8]}"
+    try:
+        store.queue(queue).enqueue_many([{"n": i} for i in range(6)])
+        url = pg_url(scheme, query)
+        res = alkstore("status", "--json", "--url", url, "--schema", pg_db.schema, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)[queue]["ready"] == 6
+        res = alkstore("worker", "builtins:repr", "--queue", queue, "--burst", "--url", url, "--schema", pg_db.schema, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert "Traceback" not in res.stderr
+        assert store.queue(queue).stats().pending == 0
+    finally:
+        store.close()
+
+
+# -- the database cannot be reached, or refuses ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"], ["dead", "list", "--queue", "q"], ["dead", "show", "1"], ["dead", "requeue", "-q", "q", "1"],
+        ["sweep"], ["schedules"], ["worker", "builtins:repr", "--queue", "q"], ["migrate"],
+    ],
+    ids=lambda a: "-".join(a[:2]),
+)
+def test_unreachable_server_is_one_line_exit_1(tmp_path: Path, argv: list[str]) -> None:
+    line = one_line_failure(alkstore(*argv, "--url", UNREACHABLE, cwd=tmp_path), 1)
+    assert "127.0.0.1" in line and "--url" in line, line
+
+
+@pytest.fixture
+def norights_role(pg_db: Target) -> Iterator[str]:
+    """A real login role with no CREATE on the database and no USAGE on any alkstore schema."""
+    role = f"alk_norights_{uuid.uuid4().hex[:10]}"
+    with pg_db.engine.begin() as conn:
+        conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        yield role
+    finally:
+        with pg_db.engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_migrate_without_create_rights_is_one_line_exit_1(pg_db: Target, norights_role: str, tmp_path: Path) -> None:
+    url = make_url(PG_URL).set(drivername="postgresql", username=norights_role, password=None).render_as_string(hide_password=False)
+    fresh = new_pg_schema("clierr_fresh")
+    res = alkstore("migrate", "--url", url, "--schema", fresh, cwd=tmp_path)
+    line = one_line_failure(res, 1)
+    assert "permission denied" in line, line
+    assert pg_db.scalar("SELECT count(*) FROM pg_namespace WHERE nspname = :s", s=fresh) == 0
+
+
+def test_commands_without_schema_rights_are_one_line_exit_1(pg_db: Target, norights_role: str, tmp_path: Path) -> None:
+    url = make_url(PG_URL).set(drivername="postgresql", username=norights_role, password=None).render_as_string(hide_password=False)
+    for argv in (["status"], ["dead", "list", "-q", "q"]):
+        res = alkstore(*argv, "--url", url, "--schema", pg_db.schema, cwd=tmp_path)
+        assert "permission denied" in one_line_failure(res, 1)
+
+
+# -- a SQLite file that does not exist ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"], ["dead", "list", "--queue", "q"], ["dead", "show", "1"], ["dead", "requeue", "-q", "q", "1"],
+        ["sweep"], ["schedules"], ["run-schedules"], ["worker", "builtins:repr", "--queue", "q"],
+    ],
+    ids=lambda a: "-".join(a[:2]),
+)
+def test_missing_sqlite_file_is_refused_not_created(tmp_path: Path, argv: list[str]) -> None:
+    line = one_line_failure(alkstore(*argv, "--url", "sqlite:///typo.db", cwd=tmp_path), 2)
+    assert "does not exist" in line and "typo.db" in line, line
+    assert not (tmp_path / "typo.db").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_creates_a_missing_sqlite_file(tmp_path: Path) -> None:
+    res = alkstore("migrate", "--url", "sqlite:///new.db", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "new.db").exists()
+    res = alkstore("status", "--url", "sqlite:///new.db", cwd=tmp_path)
+    assert res.returncode == 0 and "(no jobs)" in res.stdout, res.stderr
+
+
+# -- the worker says why it stops -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_worker_logs_the_signal_that_stops_it(sqlite_db: Target, tmp_path: Path, sig: signal.Signals) -> None:
+    store = sqlite_db.store()
+    q = store.queue("signalled")
+    job_id = q.enqueue({"n": 1})
+    proc = subprocess.Popen(
+        [str(ALKSTORE), "worker", "builtins:repr", "--queue", "signalled", "--poll-interval", "3600", "--url", sqlite_db.url],
+        cwd=tmp_path, env=env(PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: q.get_job(job_id) is None or proc.poll() is not None, "the worker to ack its job", STARTUP)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        store.close()
+    assert proc.returncode == 0, err
+    assert f"received {sig.name}; stopping" in err, err
+    assert "Traceback" not in err
+

@@ -1,0 +1,84 @@
+"""Child-process side of the tasks drain test: a ``Tasks`` registry (sync, async, and a task
+that asks for a retry on its first attempt) over three queues, and a worker process that
+serves it. Spawn-safe: module level imports only, every child builds its own store.
+
+Each run of a task records ``(job id, attempt, worker, ok)`` in the spec's table — read
+through ``alk.current_job()``, so the record says which claim ran it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+import alkstore_sa as alk
+from tests.concurrency.wake_workers import _stop_when
+
+PLAIN, AWAITED, FLAKY = "drain.plain", "drain.awaited", "drain.flaky"
+
+
+class Sink:
+    """Where this process's task runs are recorded (set by the worker process)."""
+
+    engine: sa.Engine | None = None
+    table = ""
+    worker = ""
+
+    @classmethod
+    def record(cls, ok: bool) -> None:
+        job = alk.current_job()
+        assert job is not None and cls.engine is not None
+        insert = sa.text(f"INSERT INTO {cls.table} (job_id, attempt, worker, ok) VALUES (:j, :a, :w, :ok)")
+        with cls.engine.begin() as conn:
+            conn.execute(insert, {"j": job.id, "a": job.attempts, "w": cls.worker, "ok": 1 if ok else 0})
+
+
+def registry(prefix: str) -> alk.Tasks:
+    """The registry both the test and the worker processes build: three tasks, three queues."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=f"{prefix}-plain", name=PLAIN)
+    def plain(i: int) -> None:
+        Sink.record(True)
+
+    @tasks.task(queue=f"{prefix}-awaited", name=AWAITED)
+    async def awaited(i: int) -> None:
+        await asyncio.sleep(0)
+        await asyncio.to_thread(Sink.record, True)  # a blocking write, kept off the loop
+
+    @tasks.task(queue=f"{prefix}-flaky", name=FLAKY)
+    async def flaky(i: int) -> None:
+        job = alk.current_job()
+        assert job is not None
+        ok = job.attempts > 1
+        await asyncio.to_thread(Sink.record, ok)
+        if not ok:
+            raise alk.Retry(delay=0, error="first attempt fails")
+
+    return tasks
+
+
+def tasks_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Serve the registry's three queues with ``spec['concurrency']`` until they are all
+    empty (nothing pending or processing)."""
+    store = alk.Store(spec["url"], schema=spec["schema"])
+    try:
+        me = f"{spec['name']}:{os.getpid()}"
+        Sink.engine, Sink.table, Sink.worker = store.engine, spec["table"], me
+        tasks = registry(spec["prefix"])
+        queues = [store.queue(name) for name in tasks.queues()]
+        worker = alk.Worker(store, tasks, concurrency=spec["concurrency"], worker_id=me, poll_interval=1.0)
+
+        def empty() -> bool:
+            return all((s := q.stats()).pending == 0 and s.processing == 0 for q in queues)
+
+        stop = alk.StopToken()
+        _stop_when(stop, empty, spec["max_seconds"], every=0.2)
+        started = time.monotonic()
+        worker.run(stop)
+        return {"processed": worker.processed, "seconds": time.monotonic() - started, "worker": me}
+    finally:
+        store.close()

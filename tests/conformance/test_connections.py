@@ -1,0 +1,117 @@
+"""SPEC §4 (issue 9 item 4): the store's own connections follow the engine's pool rules —
+``pool_recycle``, ``engine.dispose()``, ``pool_pre_ping`` (a checkout, so a ping, per
+operation) — and ``close()`` returns every one of them. Faults (killed backends, fork,
+NullPool, close during an operation) are in tests/faults/test_store_connections.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+import alkstore_sa as alk
+from tests.conftest import require_pg
+from tests.support import PG_URL, Target
+
+
+class Opened:
+    """Counts the DBAPI connections an engine's pool opens."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.count = 0
+        event.listen(engine, "connect", self._opened)
+
+    def _opened(self, *_: Any) -> None:
+        self.count += 1
+
+
+def _engine(db: Target, **kw: Any) -> sa.Engine:
+    return sa.create_engine(db.url, **kw)
+
+
+@pytest.fixture
+def make_store(db: Target) -> Iterator[Any]:
+    """Stores on engines of the test's own, closed and disposed afterwards."""
+    made: list[tuple[alk.Store, sa.Engine]] = []
+
+    def make(**engine_kw: Any) -> tuple[alk.Store, sa.Engine, Opened]:
+        engine = _engine(db, **engine_kw)
+        opened = Opened(engine)
+        store = alk.Store(engine, schema=db.schema)
+        store.check_schema()
+        made.append((store, engine))
+        return store, engine, opened
+
+    yield make
+    for store, engine in made:
+        store.close()
+        engine.dispose()
+
+
+def _ops(store: alk.Store, queue: str) -> None:
+    q = store.queue(queue)
+    q.enqueue("x")
+    h = q.claim_one("w")
+    assert h is not None and h.ack() is True
+
+
+def test_pool_recycle_applies_to_the_stores_connections(make_store: Any, qname: str) -> None:
+    # pool_recycle=0: every connection is past its age at its next checkout
+    store, _, opened = make_store(pool_recycle=0)
+    q = store.queue(qname)
+    before = opened.count
+    for _ in range(3):
+        q.stats()
+    assert opened.count >= before + 2, "the store reused a connection past pool_recycle"
+
+
+def test_engine_dispose_renews_the_stores_connections(make_store: Any, qname: str) -> None:
+    store, engine, opened = make_store()
+    _ops(store, qname)
+    before = opened.count
+    engine.dispose()
+    _ops(store, qname)
+    assert opened.count > before, "the store kept connections of the disposed pool"
+    assert engine.pool.checkedout() <= 4  # type: ignore[attr-defined]
+
+
+def test_pre_ping_engine_checks_out_per_operation(make_store: Any, qname: str) -> None:
+    """With ``pool_pre_ping`` the pool pings at every checkout: the store checks out for
+    every operation (and keeps nothing checked out between them), so every operation's
+    connection was pinged."""
+    store, engine, _ = make_store(pool_pre_ping=True)
+    pinged: list[int] = []
+    event.listen(engine, "checkout", lambda *_: pinged.append(1))
+    _ops(store, qname)
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert len(pinged) >= 3  # enqueue, claim, ack
+
+
+def test_close_returns_every_connection_to_the_pool(make_store: Any, qname: str) -> None:
+    store, engine, _ = make_store()
+    q = store.queue(qname)
+    threads = [threading.Thread(target=lambda: (q.enqueue("x"), q.stats())) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert engine.pool.checkedout() >= 1  # type: ignore[attr-defined]  # the cache keeps some
+    store.close()
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    with pytest.raises(alk.StoreClosed):
+        store.queue(qname)
+
+
+def test_listen_url_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
+    """``listen_url`` is the PostgreSQL listener's own connection: a SQLite store refuses it,
+    and so does a PostgreSQL store given a non-PostgreSQL URL (nothing is registered)."""
+    with pytest.raises(alk.InvalidOptions, match="PostgreSQL"):
+        alk.Store(f"sqlite:///{tmp_path / 'x.db'}", listen_url=f"sqlite:///{tmp_path / 'y.db'}")
+    require_pg()
+    with pytest.raises(alk.InvalidOptions, match="PostgreSQL"):
+        alk.Store(PG_URL, listen_url=f"sqlite:///{tmp_path / 'y.db'}")

@@ -1,0 +1,158 @@
+"""Which alkstore schema revisions a library version accepts (docs/install.md, "Upgrades").
+
+The database's revision (``alkstore_alembic_version``) is compared with this library's
+head: equal → fine; an older step → ``SchemaOutdated`` (run the migrations); a newer step
+this library does not know → fine when that revision says older readers can use it
+(``alkstore_NNNN``: additive steps), and ``SchemaTooNew`` when it says they cannot
+(``alkstore_NNNN_rMMMM``: readers need step MMMM) or is not an alkstore revision at all.
+``install()`` and ``alkstore migrate`` never try to migrate a database newer than the
+library ("Can't locate revision"): against a usable one they do nothing and say so,
+against an unusable one they raise/print ``SchemaTooNew``. Both engines: the newer
+revisions are stamped into the version table by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+from alkstore_sa import migrations
+from alkstore_sa.schema import VERSION_TABLE
+from tests.conftest import ENGINES, require_pg
+from tests.support import Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
+
+ALKSTORE = Path(sys.executable).with_name("alkstore")
+HEAD = migrations.head_revision()
+NEWER_ADDITIVE = "alkstore_9998"  # a later step that says older readers can use it
+NEWER_BREAKING = "alkstore_9999_r9999"  # a later step that needs readers of step 9999
+FOREIGN = "3f2a91c0d7e4"  # not an alkstore revision id
+
+
+@pytest.fixture(params=ENGINES)
+def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """A database of its own (the tests rewrite its version table)."""
+    if request.param == "sqlite":
+        target = sqlite_target(str(tmp_path))
+        yield target
+        target.engine.dispose()
+    else:
+        require_pg()
+        target = pg_target(new_pg_schema("ver"))
+        yield target
+        drop_pg_schema(target)
+
+
+def stamp(db: Target, revision: str) -> None:
+    db.execute(f"UPDATE {db.table(VERSION_TABLE)} SET version_num = :r", r=revision)
+
+
+def recorded(db: Target) -> object:
+    return db.scalar(f"SELECT version_num FROM {db.table(VERSION_TABLE)}")
+
+
+def migrate(db: Target) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ALKSTORE), "migrate", "--url", db.url, "--schema", db.schema],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("revision", "verdict"),
+    [
+        (HEAD, "ok"),
+        ("alkstore_0000", "outdated"),
+        ("alkstore_0002", "newer"),
+        ("alkstore_0002_r0001", "newer"),
+        ("alkstore_0007_r0002", "too new"),
+        (NEWER_BREAKING, "too new"),
+        (FOREIGN, "too new"),
+        ("alkstore_1", "too new"),
+    ],
+)
+def test_the_rule(revision: str, verdict: str) -> None:
+    """The rule as a table, for this library's head (step 1)."""
+    assert HEAD == "alkstore_0001"
+    assert migrations.schema_verdict(revision) == verdict
+
+
+def test_every_packaged_revision_is_readable_by_its_own_library() -> None:
+    """A released revision id must parse, and must not demand a reader newer than itself."""
+    for revision in migrations.packaged_revisions():
+        parsed = migrations.parse_revision(revision)
+        assert parsed is not None, revision
+        step, readers_from = parsed
+        assert 1 <= readers_from <= step, revision
+
+
+def test_a_later_step_never_lowers_the_reader_requirement() -> None:
+    """Once a step requires readers of step M, every later step does too."""
+    from alembic.script import ScriptDirectory
+
+    chain = list(reversed(list(ScriptDirectory.from_config(migrations.alembic_config()).walk_revisions())))
+    required = [migrations.parse_revision(r.revision)[1] for r in chain]  # type: ignore[index]
+    assert required == sorted(required), [r.revision for r in chain]
+
+
+def test_newer_additive_schema_is_used_as_it_is(fresh: Target, caplog: pytest.LogCaptureFixture) -> None:
+    stamp(fresh, NEWER_ADDITIVE)
+    with fresh.store() as store:
+        store.check_schema()
+        q = store.queue("newer")
+        q.enqueue({"n": 1})
+        with Session(fresh.engine) as session, session.begin():
+            alk.enqueue(session, "newer", {"n": 2})
+        h = q.claim_one("w1")
+        assert h is not None and h.ack() is True
+        alk.Worker(store, q, lambda job: None, poll_interval=0.1).run(burst=True)  # checks the schema
+        assert q.stats().pending == 0
+        with caplog.at_level(logging.INFO, logger="alkstore_sa"):
+            store.install()  # nothing to do, and it says why
+    assert recorded(fresh) == NEWER_ADDITIVE
+    assert any(NEWER_ADDITIVE in r.getMessage() and "newer" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("revision", [NEWER_BREAKING, FOREIGN])
+def test_newer_incompatible_schema_says_upgrade_the_library(fresh: Target, revision: str) -> None:
+    stamp(fresh, revision)
+    with fresh.store() as store:
+        for op in (store.check_schema, lambda: store.queue("q").enqueue(1), store.install):
+            with pytest.raises(alk.SchemaTooNew) as info:
+                op()
+            message = str(info.value)
+            assert revision in message and "upgrade alkstore_sa" in message, message
+            assert "Can't locate revision" not in message
+            # not a NotInstalled: "run alkstore migrate" would be the wrong advice
+            assert not isinstance(info.value, alk.NotInstalled)
+    assert recorded(fresh) == revision  # nothing was migrated or rewritten
+
+
+def test_cli_migrate_against_a_newer_usable_schema(fresh: Target) -> None:
+    stamp(fresh, NEWER_ADDITIVE)
+    res = migrate(fresh)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "Can't locate revision" not in res.stderr
+    assert "newer alkstore_sa" in res.stderr, res.stderr
+    assert recorded(fresh) == NEWER_ADDITIVE
+
+
+def test_cli_migrate_against_a_newer_unusable_schema(fresh: Target) -> None:
+    stamp(fresh, NEWER_BREAKING)
+    res = migrate(fresh)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "Can't locate revision" not in res.stderr, res.stderr
+    assert "SchemaTooNew" in res.stderr and "upgrade alkstore_sa" in res.stderr, res.stderr
+    assert recorded(fresh) == NEWER_BREAKING
+
+
+def test_outdated_schema_still_names_the_migration(fresh: Target) -> None:
+    stamp(fresh, "alkstore_0000")
+    with fresh.store() as store, pytest.raises(alk.SchemaOutdated, match="alkstore migrate"):
+        store.check_schema()

@@ -1,0 +1,113 @@
+"""A Store changes an app's SQLite durability only where that is safe (SQLite only).
+
+``synchronous=NORMAL`` is SQLite's recommendation *for WAL mode*; in a rollback-journal
+mode it risks a corrupt file on power loss. A database installed through the app's own
+Alembic chain without ``enable_wal`` stays in ``journal_mode=delete``: there the store must
+leave the app's own ``synchronous`` setting alone and say once, in the log, how to switch
+to WAL. In WAL mode every connection of the engine gets NORMAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import alkstore_sa as alk
+from alkstore_sa import migrations
+
+NORMAL, EXTRA = 1, 3
+
+
+def installed_file(tmp_path: Path, *, wal: bool) -> str:
+    """A SQLite file with alkstore installed, in WAL mode or (as an app's Alembic chain
+    without enable_wal leaves it) in the default rollback journal."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    engine = sa.create_engine(url)
+    migrations.upgrade(engine)  # switches to WAL
+    if not wal:
+        with engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA journal_mode=DELETE").scalar() == "delete"
+    engine.dispose()
+    return url
+
+
+def app_engine(url: str) -> sa.Engine:
+    """The app's engine, with its own durability setting on every connection."""
+    engine = sa.create_engine(url)
+    sa.event.listen(engine, "connect", lambda dbapi, _rec: dbapi.execute(f"PRAGMA synchronous = {EXTRA}"))
+    return engine
+
+
+def settings(engine: sa.Engine, n: int = 2) -> list[tuple[str, int]]:
+    """(journal_mode, synchronous) of ``n`` connections opened at once."""
+    conns = [engine.connect() for _ in range(n)]
+    try:
+        return [
+            (c.exec_driver_sql("PRAGMA journal_mode").scalar(), c.exec_driver_sql("PRAGMA synchronous").scalar())
+            for c in conns
+        ]
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_wal_database_gets_synchronous_normal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = app_engine(installed_file(tmp_path, wal=True))
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"), alk.Store(engine) as store:
+        assert settings(engine) == [("wal", NORMAL)] * 2
+        store.queue("q").enqueue(1)
+    assert not [r for r in caplog.records if "WAL" in r.getMessage()]
+    engine.dispose()
+
+
+def test_rollback_journal_keeps_the_apps_setting_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = installed_file(tmp_path, wal=False)
+    engine = app_engine(url)
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"), alk.Store(engine) as store:
+        assert settings(engine) == [("delete", EXTRA)] * 2
+        q = store.queue("q")
+        q.enqueue(1)
+        h = q.claim_one("w1")
+        assert h is not None and h.ack() is True
+        engine.dispose()
+        assert settings(engine) == [("delete", EXTRA)] * 2  # new connections too
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "WAL" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "journal_mode=delete" in warnings[0] and "alkstore migrate" in warnings[0], warnings[0]
+    assert str(tmp_path / "app.db") in warnings[0]
+
+    # the cure the message names: migrate switches the file to WAL, then NORMAL applies
+    migrations.upgrade(engine)
+    with alk.Store(engine):
+        assert settings(engine) == [("wal", NORMAL)] * 2
+    engine.dispose()
+
+
+def test_a_new_file_is_not_warned_about_before_install(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A fresh file is in journal_mode=delete until install() switches it: no warning."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'new.db'}")
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"), alk.Store(engine) as store:
+        store.install()
+        store.queue("q").enqueue(1)
+    assert not [r for r in caplog.records if "WAL" in r.getMessage()]
+    engine.dispose()
+
+
+def test_connections_opened_before_install_do_not_keep_the_strict_setting(tmp_path: Path) -> None:
+    """``Store(engine)`` then ``install()`` on a new file: the store's first operation opened
+    connections in the rollback journal (strict setting kept); once install switched the file
+    to WAL, every connection the store and the app use afterwards gets NORMAL."""
+    engine = app_engine(f"sqlite:///{tmp_path / 'new.db'}")
+    with alk.Store(engine) as store:
+        with pytest.raises(alk.NotInstalled):
+            store.queue("q").enqueue({})  # opens a connection before the file is in WAL
+        store.install()
+        store.queue("q").enqueue({})
+        with store.executor() as ex:
+            assert ex.rows("PRAGMA synchronous", {}) == [(NORMAL,)]
+        assert settings(engine) == [("wal", NORMAL)] * 2

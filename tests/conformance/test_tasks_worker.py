@@ -1,0 +1,646 @@
+"""SPEC §12, the worker side of tasks, on both engines: a Worker given a ``Tasks`` registry
+(or one handler for several queues) serves every queue with one fair claim loop, calls the
+task each job names with its args and kwargs, runs ``async def`` tasks and handlers on an
+event loop it owns (sync ones on threads; ``concurrency`` bounds both together), and
+applies the §11 rules — outcomes, heartbeats, lost claims, graceful stop — to both kinds.
+
+Workers run in a thread of the test; every wait has a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import alkstore_sa as alk
+from tests.conformance.test_worker import running
+from tests.support import WAIT, FakeClock, wait_for
+
+
+def _names(worker: alk.Worker) -> list[str]:
+    return [q.name for q in worker.queues]
+
+
+def _raw(store: alk.Store, queue: str, payload: Any, **options: Any) -> int:
+    """A job enqueued without a Task (another app, an older deploy, a hand-made payload)."""
+    return store.queue(queue, **options).enqueue(payload)
+
+
+def _job(store: alk.Store, queue: str, job_id: int) -> alk.Job | None:
+    return store.queue(queue).get_job(job_id)
+
+
+class Gate:
+    """A thread-safe gate for sync and async tasks alike (async ones poll it on the loop, so
+    the test never needs the worker's loop object)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def wait(self) -> None:
+        assert self.event.wait(2 * WAIT), "the test never opened the gate"
+
+    async def await_open(self) -> None:
+        deadline = time.monotonic() + 2 * WAIT
+        while not self.event.is_set():
+            assert time.monotonic() < deadline, "the test never opened the gate"
+            await asyncio.sleep(0.005)
+
+    def open(self) -> None:
+        self.event.set()
+
+
+# -- construction ------------------------------------------------------------------------------
+
+
+def test_a_tasks_worker_serves_every_queue_that_has_a_task(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    tasks.task(queue=f"{qname}-a", name="a1")(lambda: None)
+    tasks.task(queue=f"{qname}-b", name="b1")(lambda: None)
+    tasks.task(queue=f"{qname}-a", name="a2")(lambda: None)
+    w = alk.Worker(store, tasks)
+    assert _names(w) == [f"{qname}-a", f"{qname}-b"]
+    assert w.concurrency == 8 and w.tasks is tasks and w.handler is None
+    narrowed = alk.Worker(store, tasks, queues=[f"{qname}-b"], concurrency=2)
+    assert _names(narrowed) == [f"{qname}-b"] and narrowed.concurrency == 2
+    assert _names(alk.Worker(store, tasks, queues=f"{qname}-b")) == [f"{qname}-b"]
+
+
+def test_a_queue_without_a_task_is_refused_naming_the_registry_queues(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    tasks.task(queue=f"{qname}-a", name="a1")(lambda: None)
+    with pytest.raises(alk.InvalidOptions) as err:
+        alk.Worker(store, tasks, queues=[f"{qname}-a", "reports"])
+    message = str(err.value)
+    assert "'reports'" in message and "no task" in message and f"'{qname}-a'" in message, message
+    with pytest.raises(alk.InvalidOptions, match="no tasks"):
+        alk.Worker(store, alk.Tasks())
+    with pytest.raises(alk.InvalidOptions, match="at least one queue"):
+        alk.Worker(store, tasks, queues=[])
+
+
+def test_handler_form_takes_one_or_several_queues(store: alk.Store, qname: str) -> None:
+    def handler(job: alk.Job) -> None:
+        return None
+
+    assert _names(alk.Worker(store, qname, handler)) == [qname]
+    w = alk.Worker(store, [f"{qname}-a", store.queue(f"{qname}-b"), f"{qname}-a"], handler)
+    assert _names(w) == [f"{qname}-a", f"{qname}-b"]  # each queue once, in the order given
+    assert w.concurrency == 4 and w.queue.name == f"{qname}-a" and w.tasks is None
+    with pytest.raises(alk.InvalidOptions, match="at least one queue"):
+        alk.Worker(store, [], handler)
+    with pytest.raises(alk.InvalidName):
+        alk.Worker(store, [qname, ""], handler)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda store, tasks: alk.Worker(store, tasks, lambda job: None),  # a registry calls its tasks
+        lambda store, tasks: alk.Worker(store, "q", lambda job: None, queues=["q"]),  # queues= is for registries
+        lambda store, tasks: alk.Worker(store, "q"),  # a queue needs a handler
+        lambda store, tasks: alk.Worker(store, 42, lambda job: None),  # type: ignore[arg-type]
+        lambda store, tasks: alk.Worker(store, tasks, queues=[42]),  # type: ignore[list-item]
+        lambda store, tasks: alk.Worker(store, "q", tasks["t"]),  # a task is not a handler
+        lambda store, tasks: alk.Worker(store, tasks["t"]),  # type: ignore[arg-type]  # nor a registry
+    ],
+    ids=[
+        "tasks-and-handler", "queues-with-handler", "no-handler", "bad-target", "bad-queue",
+        "task-as-handler", "task-as-registry",
+    ],
+)
+def test_mixed_up_forms_are_refused(store: alk.Store, build: Callable[..., Any]) -> None:
+    tasks = alk.Tasks()
+    tasks.task(queue="q", name="t")(lambda: None)
+    with pytest.raises((alk.InvalidOptions, alk.InvalidName)):
+        build(store, tasks)
+
+
+# -- dispatch by task name -------------------------------------------------------------------
+
+
+def test_tasks_are_called_with_their_args_and_kwargs_across_queues(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    calls: list[tuple[str, Any, Any, int | None]] = []
+
+    @tasks.task(queue=f"{qname}-emails", name="send_email")
+    def send_email(order_id: int, *, template: str = "receipt") -> None:
+        job = alk.current_job()
+        calls.append(("send_email", order_id, template, job and job.id))
+
+    @tasks.task(queue=f"{qname}-reports", name="build_report")
+    async def build_report(day: str, parts: list[int]) -> str:
+        await asyncio.sleep(0)
+        job = alk.current_job()
+        calls.append(("build_report", day, parts, job and job.id))
+        return "ignored"
+
+    a = send_email.enqueue(store, 42, template="x")
+    b = send_email.enqueue(store, 7)
+    c = build_report.enqueue(store, "2024-05-01", [1, 2])
+    with running(alk.Worker(store, tasks, concurrency=3, poll_interval=0.2)) as r:
+        wait_for(lambda: len(calls) == 3, "the three jobs to run")
+        wait_for(
+            lambda: all(_job(store, q, i) is None for q, i in [(f"{qname}-emails", a), (f"{qname}-emails", b), (f"{qname}-reports", c)]),
+            "the acks",
+        )
+        r.stop_and_join()
+    assert sorted(calls, key=str) == sorted(
+        [("send_email", 42, "x", a), ("send_email", 7, "receipt", b), ("build_report", "2024-05-01", [1, 2], c)],
+        key=str,
+    )
+
+
+def test_a_handler_serves_several_queues(store: alk.Store, qname: str) -> None:
+    seen: list[tuple[str, Any]] = []
+    ids = {
+        store.queue(f"{qname}-a").enqueue({"n": 1}): f"{qname}-a",
+        store.queue(f"{qname}-b").enqueue({"n": 2}): f"{qname}-b",
+    }
+
+    def handler(job: alk.Job) -> None:
+        seen.append((job.queue, job.payload))
+
+    with running(alk.Worker(store, list(dict.fromkeys(ids.values())), handler, poll_interval=0.2)) as r:
+        wait_for(lambda: len(seen) == 2, "both queues' jobs")
+        wait_for(lambda: all(_job(store, q, i) is None for i, q in ids.items()), "the acks")
+        r.stop_and_join()
+    assert sorted(seen, key=str) == [(f"{qname}-a", {"n": 1}), (f"{qname}-b", {"n": 2})]
+
+
+def test_narrowed_queues_leave_the_others_alone(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    ran: list[str] = []
+    tasks.task(queue=f"{qname}-a", name="ta")(lambda: ran.append("a"))
+    tb = tasks.task(queue=f"{qname}-b", name="tb")(lambda: ran.append("b"))
+    ta = tasks["ta"]
+    ta.enqueue(store)
+    other = tb.enqueue(store)
+    alk.Worker(store, tasks, queues=[f"{qname}-a"], poll_interval=0.2).run(burst=True)
+    assert ran == ["a"]
+    job = _job(store, f"{qname}-b", other)
+    assert job is not None and job.state == "pending" and job.attempts == 0
+
+
+def test_unknown_task_is_retried_with_that_error_never_acked(
+    store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="alkstore_sa")
+    tasks = alk.Tasks()
+    tasks.task(queue=qname, name="known")(lambda: None)
+    job_id = _raw(store, qname, {"task": "shop.jobs.gone", "args": [], "kwargs": {}})
+    last = _raw(store, qname, {"task": "shop.jobs.gone", "args": [1], "kwargs": {}}, max_attempts=1)
+    with running(alk.Worker(store, tasks, concurrency=2, poll_interval=0.2)) as r:
+        wait_for(
+            lambda: (j := _job(store, qname, job_id)) is not None and j.errors and j.state == "pending",
+            "the retry",
+        )
+        wait_for(lambda: (j := _job(store, qname, last)) is not None and j.state == "dead", "the last attempt to bury it")
+        r.stop_and_join()
+    job = _job(store, qname, job_id)
+    assert job is not None and job.attempts == 1
+    assert job.errors[-1]["error"] == "unknown task 'shop.jobs.gone'"
+    buried = _job(store, qname, last)
+    assert buried is not None and buried.last_error == "max attempts exceeded"
+    assert buried.errors[-1]["error"] == "unknown task 'shop.jobs.gone'"
+    assert any("unknown task 'shop.jobs.gone'" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"to": "a@example.com"}, [1, 2], {"task": "known", "args": {}, "kwargs": {}}],
+    ids=["no-task-key", "a-list", "args-not-a-list"],
+)
+def test_a_payload_that_is_not_a_task_call_goes_dead(store: alk.Store, qname: str, payload: Any) -> None:
+    tasks = alk.Tasks()
+    tasks.task(queue=qname, name="known")(lambda: None)
+    job_id = _raw(store, qname, payload)
+    alk.Worker(store, tasks, poll_interval=0.2).run(burst=True)
+    job = _job(store, qname, job_id)
+    assert job is not None and job.state == "dead" and job.attempts == 1
+    assert job.last_error is not None and job.last_error.startswith("not a task payload"), job.last_error
+
+
+def test_a_sync_task_that_returns_a_coroutine_is_retried_never_acked(
+    store: alk.Store, qname: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    tasks = alk.Tasks()
+    body_ran: list[int] = []
+
+    async def body() -> None:
+        body_ran.append(1)
+
+    @tasks.task(queue=qname, name="sneaky")
+    def sneaky() -> Any:
+        return body()  # a sync function handing back a coroutine: nobody would await it
+
+    job_id = sneaky.enqueue(store)
+    alk.Worker(store, tasks, poll_interval=0.2).run(burst=True)
+    job = _job(store, qname, job_id)
+    assert job is not None and job.state == "pending" and job.attempts == 1
+    error = job.errors[-1]["error"]
+    assert "returned an awaitable" in error and "'sneaky'" in error and "async def" in error, error
+    assert body_ran == []
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+# -- async tasks and handlers on the worker's event loop --------------------------------------
+
+
+def test_async_tasks_run_concurrently_on_one_loop_the_worker_owns(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    started: list[tuple[int, int, int]] = []  # (job id, id(loop), thread id)
+    all_in = asyncio.Event()  # set on the worker's loop once all four are waiting on it
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @tasks.task(queue=qname, name="waiter")
+    async def waiter(n: int) -> None:
+        loop = asyncio.get_running_loop()
+        job = alk.current_job()
+        assert job is not None
+        started.append((job.id, id(loop), threading.get_ident()))
+        loops.append(loop)
+        await asyncio.wait_for(all_in.wait(), 2 * WAIT)
+
+    ids = [waiter.enqueue(store, n) for n in range(4)]
+    with running(alk.Worker(store, tasks, concurrency=4, poll_interval=0.2)) as r:
+        wait_for(lambda: len(started) == 4, "all four async tasks to be waiting at once")
+        loops[0].call_soon_threadsafe(all_in.set)
+        wait_for(lambda: all(_job(store, qname, i) is None for i in ids), "the acks")
+        r.stop_and_join()
+    assert sorted(s[0] for s in started) == sorted(ids)
+    assert len({s[1] for s in started}) == 1, "more than one event loop"
+    assert len({s[2] for s in started}) == 1 and started[0][2] != threading.get_ident()
+    assert loops[0].is_closed(), "the worker's loop was not closed when run() returned"
+
+
+def test_an_async_def_handler_runs_on_the_loop(store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    ids = q.enqueue_many([{"n": 1}, {"n": 2}])
+    seen: list[tuple[int, int | None]] = []
+
+    async def handler(job: alk.Job) -> None:
+        await asyncio.sleep(0.01)
+        current = alk.current_job()
+        seen.append((job.id, current and current.id))
+
+    with running(alk.Worker(store, q, handler, concurrency=2, poll_interval=0.2)) as r:
+        wait_for(lambda: all(q.get_job(i) is None for i in ids), "both jobs acked")
+        r.stop_and_join()
+    assert sorted(seen) == [(i, i) for i in sorted(ids)]
+
+
+def test_concurrency_bounds_sync_and_async_jobs_together(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    gate = Gate()
+    lock = threading.Lock()
+    now = {"in": 0, "max": 0, "done": 0}
+
+    def enter() -> None:
+        with lock:
+            now["in"] += 1
+            now["max"] = max(now["max"], now["in"])
+
+    def leave() -> None:
+        with lock:
+            now["in"] -= 1
+            now["done"] += 1
+
+    @tasks.task(queue=f"{qname}-s", name="sync_one")
+    def sync_one() -> None:
+        enter()
+        gate.wait()
+        leave()
+
+    @tasks.task(queue=f"{qname}-a", name="async_one")
+    async def async_one() -> None:
+        enter()
+        await gate.await_open()
+        leave()
+
+    for _ in range(4):
+        sync_one.enqueue(store)
+        async_one.enqueue(store)
+    with running(alk.Worker(store, tasks, concurrency=3, poll_interval=0.2)) as r:
+        wait_for(lambda: now["in"] == 3, "three jobs in flight")
+        time.sleep(0.5)  # several claim-loop turns: nothing more may start while three run
+        assert now["in"] == 3
+        stats = [store.queue(f"{qname}-{k}").stats() for k in "sa"]
+        assert sum(s.processing for s in stats) == 3, stats
+        gate.open()
+        wait_for(lambda: now["done"] == 8, "all eight jobs")
+        r.stop_and_join()
+    assert now["max"] == 3
+
+
+def test_fail_retry_and_errors_from_async_tasks(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="outcome", backoff_base=10)
+    async def outcome(do: str) -> None:
+        await asyncio.sleep(0)
+        if do == "fail":
+            raise alk.Fail("bad input: no such user")
+        if do == "retry":
+            raise alk.Retry(delay=42, error="upstream busy")
+        if do == "raise":
+            raise RuntimeError("disk full")
+
+    ids = {do: outcome.enqueue(store, do) for do in ["ok", "fail", "retry", "raise"]}
+    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    now = clock()
+    assert _job(store, qname, ids["ok"]) is None
+    failed = _job(store, qname, ids["fail"])
+    assert failed is not None and failed.state == "dead" and failed.last_error == "bad input: no such user"
+    retried = _job(store, qname, ids["retry"])
+    assert retried is not None and retried.state == "pending" and retried.run_at.timestamp() == now + 42
+    assert retried.errors[-1]["error"] == "upstream busy"
+    raised = _job(store, qname, ids["raise"])
+    assert raised is not None and raised.state == "pending" and raised.errors[-1]["error"] == "disk full"
+    assert 5 <= raised.run_at.timestamp() - now <= 10  # the backoff curve
+
+
+def test_current_job_is_each_tasks_own_in_threads_and_asyncio_tasks(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    seen: dict[str, list[tuple[int, int | None]]] = {"sync": [], "async": [], "child": []}
+
+    def current_id() -> int | None:
+        job = alk.current_job()
+        return None if job is None else job.id
+
+    @tasks.task(queue=qname, name="sync_t")
+    def sync_t(n: int) -> None:
+        time.sleep(0.01)
+        seen["sync"].append((n, current_id()))
+
+    @tasks.task(queue=qname, name="async_t")
+    async def async_t(n: int) -> None:
+        await asyncio.sleep(0.01 * (n % 3))  # interleave the asyncio tasks
+        seen["async"].append((n, current_id()))
+
+        async def child() -> None:
+            seen["child"].append((n, current_id()))
+
+        await asyncio.create_task(child())  # a task a job spawns sees that job
+
+    ids = {("sync", n): sync_t.enqueue(store, n) for n in range(4)}
+    ids.update({("async", n): async_t.enqueue(store, n) for n in range(6)})
+    alk.Worker(store, tasks, concurrency=6, poll_interval=0.2).run(burst=True)
+    assert sorted(seen["sync"]) == [(n, ids["sync", n]) for n in range(4)]
+    assert sorted(seen["async"]) == [(n, ids["async", n]) for n in range(6)]
+    assert sorted(seen["child"]) == sorted(seen["async"])
+    assert alk.current_job() is None
+
+
+# -- heartbeats, lost claims and stopping, for async jobs ----------------------------------------
+
+
+def test_a_long_async_task_is_heartbeated(dbstore: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    attempts: list[int] = []
+    finished = threading.Event()
+
+    @tasks.task(queue=qname, name="slow", visibility_timeout=1.0)
+    async def slow() -> None:
+        job = alk.current_job()
+        assert job is not None
+        attempts.append(job.attempts)
+        await asyncio.sleep(2.6)
+        finished.set()
+
+    job_id = slow.enqueue(dbstore)
+    q = dbstore.queue(qname)
+    stolen: list[int] = []
+    with running(alk.Worker(dbstore, tasks, concurrency=1, poll_interval=0.2)) as r:
+        wait_for(lambda: attempts, "the task to start")
+        while not finished.is_set():  # a rival keeps trying to take the job
+            h = q.claim_one("rival")
+            if h is not None:
+                stolen.append(h.job.attempts)
+            time.sleep(0.05)
+        assert stolen == [], f"the async task's claim lapsed: a rival took it as attempts {stolen}"
+        wait_for(lambda: q.get_job(job_id) is None, "the ack")
+        r.stop_and_join()
+    assert attempts == [1]
+
+
+def test_a_lost_claim_of_an_async_task_is_not_acked(
+    dbstore: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="alkstore_sa")
+    tasks = alk.Tasks()
+    gate = Gate()
+    started = threading.Event()
+
+    @tasks.task(queue=qname, name="held", visibility_timeout=1.0)
+    async def held() -> None:
+        started.set()
+        await gate.await_open()
+
+    job_id = held.enqueue(dbstore)
+    q = dbstore.queue(qname)
+
+    def logged(word: str) -> list[str]:
+        return [m for rec in caplog.records if str(job_id) in (m := rec.getMessage()) and word in m]
+
+    with running(alk.Worker(dbstore, tasks, concurrency=1, poll_interval=0.2)) as r:
+        assert started.wait(WAIT)
+        assert q.cancel(job_id) is True  # the claim is gone under the running task
+        wait_for(lambda: logged("claim lost"), "the heartbeat to notice the lost claim")
+        gate.open()
+        wait_for(lambda: logged("not ack"), "the worker to give the job up")
+        r.stop_and_join()
+    assert not [rec for rec in caplog.records if rec.getMessage() == f"job {job_id}: ack"]
+
+
+def test_stop_finishes_the_async_and_sync_tasks_in_flight(store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    gate = Gate()
+    started: list[str] = []
+
+    @tasks.task(queue=qname, name="finishing_async")
+    async def finishing_async(n: int) -> None:
+        started.append("async")
+        await gate.await_open()
+
+    @tasks.task(queue=qname, name="finishing_sync")
+    def finishing_sync(n: int) -> None:
+        started.append("sync")
+        gate.wait()
+
+    first = [finishing_async.enqueue(store, 1), finishing_sync.enqueue(store, 1)]
+    with running(alk.Worker(store, tasks, concurrency=2, poll_interval=0.2, shutdown_grace=WAIT)) as r:
+        wait_for(lambda: len(started) == 2, "both tasks to start")
+        second = finishing_async.enqueue(store, 2)
+        r.stop.stop()
+        r.thread.join(0.5)
+        assert r.thread.is_alive(), "run() returned while its tasks were still running"
+        gate.open()
+        r.stop_and_join()
+    assert sorted(started) == ["async", "sync"]
+    for job_id in first:
+        assert _job(store, qname, job_id) is None  # finished and acked before run() returned
+    job = _job(store, qname, second)
+    assert job is not None and job.state == "pending" and job.attempts == 0  # never claimed
+
+
+def test_an_async_task_past_the_grace_period_is_cancelled_and_left_to_lapse(
+    store: alk.Store, qname: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="alkstore_sa")
+    tasks = alk.Tasks()
+    started = threading.Event()
+    unwound: list[str] = []
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @tasks.task(queue=qname, name="stuck", visibility_timeout=120)
+    async def stuck() -> None:
+        loops.append(asyncio.get_running_loop())
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            unwound.append("finally")
+
+    job_id = stuck.enqueue(store)
+    w = alk.Worker(store, tasks, concurrency=1, poll_interval=0.2, shutdown_grace=0.3)
+    with running(w) as r:
+        assert started.wait(WAIT)
+        r.stop_and_join(timeout=10)  # returns after the grace period
+    assert unwound == ["finally"], "the abandoned coroutine was not cancelled"
+    assert loops[0].is_closed()
+    assert not [t for t in threading.enumerate() if t.name.startswith("alkstore-loop")]
+    assert any("grace period" in rec.getMessage() for rec in caplog.records)
+    q = store.queue(qname)
+    job = q.get_job(job_id)
+    assert job is not None and job.state == "processing" and job.worker_id == w.worker_id  # nothing written
+    assert q.claim_one("next") is None  # not released early: the claim must lapse first
+    clock.advance(120)
+    nxt = q.claim_one("next")
+    assert nxt is not None and nxt.id == job_id and nxt.job.attempts == 2
+    assert nxt.ack() is True
+
+
+# -- fairness: a busy queue does not starve a quiet one ---------------------------------------
+
+
+def _record_claims(worker: alk.Worker) -> list[tuple[str, int]]:
+    """Wrap each of the worker's queue handles so every claim it makes is recorded, in
+    order, as (queue, jobs claimed)."""
+    claims: list[tuple[str, int]] = []
+    for q in worker.queues:
+
+        def counted(worker_id: str, n: int, q: alk.Queue = q, claim: Any = q.claim_batch) -> list[alk.JobHandle]:
+            handles = claim(worker_id, n)
+            claims.append((q.name, len(handles)))
+            return handles
+
+        q.claim_batch = counted  # type: ignore[method-assign]
+    return claims
+
+
+def _claimed_before(claims: list[tuple[str, int]], queue: str, start: int = 0) -> int:
+    """Jobs claimed from other queues after ``claims[start]`` and before ``queue``'s first job."""
+    total = 0
+    for name, n in claims[start:]:
+        if name == queue and n:
+            return total
+        total += n if name != queue else 0
+    raise AssertionError(f"{queue!r} never claimed a job: {claims}")
+
+
+@pytest.fixture
+def quiet_wakes(store: alk.Store) -> Iterator[Callable[[str], threading.Event]]:
+    """``watch(queue)`` → an Event set when the store's wake hub delivered a wake for that
+    queue. The hub calls its watchers in registration order on one thread, so once the test's
+    watcher (registered after the worker's) has fired, the worker has seen the wake too."""
+    watches: list[tuple[str, int]] = []
+
+    def watch(queue: str) -> threading.Event:
+        woken = threading.Event()
+        key = store.backend.wake_key(queue)
+        watches.append((key, store.hub().watch_queue(key, woken.set)))
+        return woken
+
+    yield watch
+    for key, token in watches:
+        store.hub().unwatch_queue(key, token)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("busy_first", [True, False], ids=["busy-listed-first", "quiet-listed-first"])
+def test_a_busy_queue_does_not_starve_a_quiet_one(
+    store: alk.Store, qname: str, busy_first: bool, concurrency: int,
+    quiet_wakes: Callable[[str], threading.Event],
+) -> None:
+    """The busy queue holds every slot when a job arrives on the quiet one; from then on,
+    the quiet queue's job is claimed in the first round that has a free slot (with one
+    slot, every round has just one: only the round-robin order lets the quiet queue in)."""
+    tasks = alk.Tasks()
+    gate = Gate()
+    started: list[str] = []
+    busy_q, quiet_q = f"{qname}-busy", f"{qname}-quiet"
+    specs = [(busy_q, "busy", lambda n: (started.append("busy"), gate.wait())), (quiet_q, "quiet", lambda: started.append("quiet"))]
+    for queue, name, body in specs if busy_first else specs[::-1]:
+        tasks.task(queue=queue, name=name)(body)
+    store.queue(busy_q).enqueue_many([{"task": "busy", "args": [n], "kwargs": {}} for n in range(500)])
+    w = alk.Worker(store, tasks, concurrency=concurrency, poll_interval=3600)
+    claims = _record_claims(w)
+    with running(w) as r:
+        wait_for(lambda: len(started) == concurrency, "the busy queue to fill every slot")
+        woken = quiet_wakes(quiet_q)
+        tasks["quiet"].enqueue(store)
+        assert woken.wait(WAIT), "no wake for the quiet queue"
+        mark = len(claims)  # no slot is free: nothing is claimed until the gate opens
+        gate.open()
+        wait_for(lambda: "quiet" in started, "the quiet queue's job to start")
+        r.stop_and_join()
+    before = _claimed_before(claims, quiet_q, mark)
+    assert before < concurrency, f"{before} busy jobs were claimed before the quiet queue's job: {claims[mark:][:20]}"
+
+
+@pytest.mark.parametrize("busy_first", [True, False], ids=["busy-listed-first", "quiet-listed-first"])
+def test_free_slots_are_split_between_ready_queues(store: alk.Store, qname: str, busy_first: bool) -> None:
+    """A backlog, and one job enqueued after it on another queue: both are ready at start,
+    and the first round splits the free slots, so the later job is claimed in it."""
+    tasks = alk.Tasks()
+    busy_q, quiet_q = f"{qname}-busy", f"{qname}-quiet"
+    specs = [(busy_q, "busy"), (quiet_q, "quiet")]
+    for queue, name in specs if busy_first else specs[::-1]:
+        tasks.task(queue=queue, name=name)(lambda: time.sleep(0.002))
+    store.queue(busy_q).enqueue_many([{"task": "busy", "args": [], "kwargs": {}}] * 100)
+    tasks["quiet"].enqueue(store)
+    w = alk.Worker(store, tasks, concurrency=4, poll_interval=0.2)
+    claims = _record_claims(w)
+    w.run(burst=True)
+    assert _claimed_before(claims, quiet_q) <= 2, claims[:6]  # half the slots at most
+    assert sum(n for _, n in claims) == 101
+
+
+# -- burst ------------------------------------------------------------------------------------
+
+
+def test_burst_drains_every_queue_including_follow_up_jobs(store: alk.Store, qname: str) -> None:
+    """``run(burst=True)`` returns only once no queue has a ready job — also jobs that tasks
+    enqueued on another queue while running."""
+    tasks = alk.Tasks()
+    done: list[str] = []
+
+    @tasks.task(queue=f"{qname}-b", name="second")
+    async def second(n: int) -> None:
+        done.append(f"second-{n}")
+
+    @tasks.task(queue=f"{qname}-a", name="first")
+    def first(n: int) -> None:
+        done.append(f"first-{n}")
+        second.enqueue(store, n)
+
+    for n in range(3):
+        first.enqueue(store, n)
+    alk.Worker(store, tasks, concurrency=1, poll_interval=3600).run(burst=True)
+    assert sorted(done) == sorted([f"first-{n}" for n in range(3)] + [f"second-{n}" for n in range(3)])

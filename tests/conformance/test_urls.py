@@ -1,0 +1,213 @@
+"""Database URLs (SPEC §4): ``postgresql://``, ``postgres://`` and ``postgresql+psycopg://``
+all mean psycopg 3 for the store's own connections; driver options in the URL's query arrive
+with the types psycopg expects; a URL alkstore cannot use is an ``InvalidOptions`` that says
+why, before anything connects. The scheme forms connect to the real PostgreSQL server."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+import alkstore_sa as alk
+from alkstore_sa._urls import engine_from_url
+from tests.conftest import require_pg
+from tests.support import PG_URL, new_pg_schema
+
+
+def pg_url(drivername: str, query: str = "") -> str:
+    """The test server's URL under another scheme, with an optional query string."""
+    url = make_url(PG_URL).set(drivername=drivername).render_as_string(hide_password=False)
+    return f"{url}?{query}" if query else url
+
+
+def dbapi(engine: sa.Engine) -> object:
+    """A driver connection of ``engine`` (the caller closes the engine)."""
+    return engine.raw_connection().dbapi_connection
+
+
+@pytest.fixture
+def engines() -> Iterator[list[sa.Engine]]:
+    made: list[sa.Engine] = []
+    yield made
+    for e in made:
+        e.dispose()
+
+
+# -- the scheme forms ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2"])
+def test_postgres_schemes_connect_with_psycopg3(scheme: str, engines: list[sa.Engine]) -> None:
+    require_pg()
+    import psycopg
+
+    engine = engine_from_url(pg_url(scheme))
+    engines.append(engine)
+    assert engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+    assert isinstance(dbapi(engine), psycopg.Connection)
+
+
+def test_url_object_is_accepted(engines: list[sa.Engine]) -> None:
+    require_pg()
+    engine = engine_from_url(make_url(pg_url("postgres")))
+    engines.append(engine)
+    assert engine.dialect.driver == "psycopg"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_store_from_a_database_url_form_works(scheme: str) -> None:
+    require_pg()
+    schema = new_pg_schema("urls")
+    store = alk.Store(pg_url(scheme), schema=schema)
+    try:
+        store.install()
+        q = store.queue("from-url")
+        job_id = q.enqueue({"scheme": scheme})
+        handle = q.claim_one("w")
+        assert handle is not None and handle.id == job_id and handle.ack()
+        assert store.engine.dialect.driver == "psycopg"
+    finally:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        store.close()
+
+
+# -- driver options in the query ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0", 0), ("7", 7), ("none", None), ("None", None)])
+def test_prepare_threshold_in_url(text: str, expected: int | None, engines: list[sa.Engine]) -> None:
+    require_pg()
+    engine = engine_from_url(pg_url("postgresql", f"prepare_threshold={text}"))
+    engines.append(engine)
+    conn = dbapi(engine)
+    assert conn.prepare_threshold == expected  # type: ignore[attr-defined]
+    with engine.connect() as c:
+        for _ in range(8):  # past psycopg's default threshold: prepared (or not) without error
+            assert c.execute(sa.text("SELECT 1")).scalar() == 1
+
+
+def test_store_with_prepare_threshold_zero_runs_operations() -> None:
+    require_pg()
+    schema = new_pg_schema("urls")
+    store = alk.Store(pg_url("postgresql", "prepare_threshold=0"), schema=schema)
+    try:
+        store.install()
+        q = store.queue("prepared")
+        for i in range(6):
+            q.enqueue({"i": i})
+        assert len(q.claim_batch("w", 6)) == 6
+    finally:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        store.close()
+
+
+def test_libpq_options_in_url_reach_the_connection(engines: list[sa.Engine]) -> None:
+    require_pg()
+    query = "connect_timeout=5&keepalives=1&keepalives_idle=30&keepalives_interval=5&keepalives_count=3&tcp_user_timeout=9000&application_name=alk-urls"
+    engine = engine_from_url(pg_url("postgres", query))
+    engines.append(engine)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW application_name").scalar() == "alk-urls"
+    params = dbapi(engine).info.get_parameters()  # type: ignore[attr-defined]
+    assert params["connect_timeout"] == "5" and params["keepalives_idle"] == "30"
+    assert params["keepalives_count"] == "3" and params["tcp_user_timeout"] == "9000"
+
+
+def test_engine_keywords_pass_through_and_merge(engines: list[sa.Engine]) -> None:
+    require_pg()
+    engine = engine_from_url(
+        pg_url("postgresql", "prepare_threshold=0"),
+        pool_pre_ping=True,
+        connect_args={"application_name": "alk-kw"},
+    )
+    engines.append(engine)
+    assert engine.pool._pre_ping  # type: ignore[attr-defined]
+    assert dbapi(engine).prepare_threshold == 0  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW application_name").scalar() == "alk-kw"
+
+
+# -- SQLite ----------------------------------------------------------------------------------
+
+
+def test_sqlite_urls_are_left_alone(tmp_path: Path, engines: list[sa.Engine]) -> None:
+    path = tmp_path / "u.db"
+    for url in (f"sqlite:///{path}", f"sqlite+pysqlite:///{path}?timeout=7", f"sqlite+aiosqlite:///{path}"):
+        engine = engine_from_url(url)
+        engines.append(engine)
+        assert engine.dialect.name == "sqlite" and engine.dialect.driver == "pysqlite"
+        assert engine.url.database == str(path)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+
+
+# -- refusals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("not a url", "not a database URL"),
+        ("postgresql://u@h:notaport/db", "not a database URL"),
+        ("mysql://u@h/db", "PostgreSQL (psycopg 3) and SQLite, not 'mysql'"),
+        ("oracle+oracledb://u@h/db", "not 'oracle'"),
+        ("postgresql://u@h/db?prepare_threshold=soon", "prepare_threshold"),
+        ("postgresql://u@h/db?prepare_threshold=-1", "prepare_threshold"),
+        ("postgresql://u@h/db?prepare_threshold=1&prepare_threshold=2", "more than once"),
+        ("postgresql://u@h/db?connect_timeout=soon", "connect_timeout"),
+        ("postgres://u@h/db?keepalives_idle=1.5", "keepalives_idle"),
+        ("postgresql://u@h/db?tcp_user_timeout=1e3", "tcp_user_timeout"),
+        ("postgresql://u@h/db?no_such_option=1", "no_such_option"),
+        ("postgresql://u@h/db?autocommit=false", "autocommit"),
+        ("postgresql+asyncpg://u@h/db?ssl=require", "'ssl'"),
+    ],
+)
+def test_unusable_urls_raise_invalid_options(url: str, says: str) -> None:
+    with pytest.raises(alk.InvalidOptions) as info:
+        engine_from_url(url)
+    assert says in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_store_refuses_an_unusable_url_before_connecting() -> None:
+    with pytest.raises(alk.InvalidOptions, match="prepare_threshold"):
+        alk.Store("postgresql://nobody@127.0.0.1:1/none?prepare_threshold=often")
+    with pytest.raises(alk.InvalidOptions, match="not a database URL"):
+        alk.Store("nonsense")
+
+
+def test_refusals_never_show_the_password() -> None:
+    for url in ("postgresql://u:s3cr3t@h/db?no_such_option=1", "postgresql://u:s3cr3t@h/db?prepare_threshold=x",
+                "postgresql://u:s3cr3t@h:port/db", "mysql://u:s3cr3t@h/db"):
+        with pytest.raises(alk.InvalidOptions) as info:
+            engine_from_url(url)
+        assert "s3cr3t" not in str(info.value), str(info.value)
+
+
+def test_missing_driver_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg 3 were not installed
+    with pytest.raises(alk.InvalidOptions, match=r"psycopg.*not installed.*pip install"):
+        engine_from_url("postgresql://u@h/db")
+
+
+def test_uninstalled_sqlite_driver_is_a_clear_error() -> None:
+    with pytest.raises(alk.InvalidOptions, match="not installed"):
+        engine_from_url("sqlite+pysqlcipher://:key@/x.db")
+
+
+def test_non_url_types_are_refused() -> None:
+    with pytest.raises(alk.InvalidOptions):
+        engine_from_url(42)  # type: ignore[arg-type]

@@ -1,0 +1,405 @@
+"""SPEC §11, the worker runtime's invariants on both engines (issue 9):
+
+- a sync handler's result that is awaitable is never acked: the job is retried with an
+  error saying why, and the awaitable never ran (an ``async def`` handler itself is
+  awaited on the worker's loop: see test_tasks_worker.py);
+- in-flight work is keyed by the claim (id + attempt): a job the same worker reclaimed
+  while its earlier attempt's handler still ran keeps its heartbeats after that handler
+  exits, and never runs a third time; a handler whose claim lapsed still holds its slot;
+- an idle worker sleeps on rows no claim can take (expired, exhausted) instead of
+  spinning on them;
+- the claim loop's backoff is capped (no overflow) and an outage is logged once;
+- a stop, and each job that goes dead through the worker, are logged.
+
+Workers run in a thread of the test with the injected clock; every wait has a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import alkstore_sa as alk
+from tests.conformance.test_worker import running
+from tests.support import WAIT, FakeClock, Target, wait_for
+
+
+def _messages(caplog: pytest.LogCaptureFixture, level: int, *words: str) -> list[logging.LogRecord]:
+    return [
+        rec for rec in caplog.records
+        if rec.name == "alkstore_sa" and rec.levelno == level and all(w in rec.getMessage() for w in words)
+    ]
+
+
+def _count_claims(worker: alk.Worker) -> list[str]:
+    """Wrap the worker's queue handle so every claim it runs is recorded ("ok" / "error")."""
+    calls: list[str] = []
+    claim = worker.queue.claim_batch
+
+    def counted(worker_id: str, n: int) -> list[alk.JobHandle]:
+        try:
+            handles = claim(worker_id, n)
+        except alk.AlkstoreError:
+            calls.append("error")
+            raise
+        calls.append("ok")
+        return handles
+
+    worker.queue.claim_batch = counted  # type: ignore[method-assign]
+    return calls
+
+
+# -- item 1: an awaitable result is never acked -------------------------------------------------
+
+
+class _Awaitable:
+    def __await__(self) -> Iterator[None]:
+        yield None
+
+
+@pytest.mark.parametrize("kind", ["coroutine-of-async-def", "future", "dunder-await"])
+def test_awaitable_handler_result_is_retried_never_acked(
+    store: alk.Store, qname: str, kind: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    q = store.queue(qname, max_attempts=3)
+    job_id = q.enqueue({"n": 1})
+    body_ran: list[int] = []
+    called = threading.Event()
+    loop = asyncio.new_event_loop()
+    handler: Callable[[alk.Job], Any]
+
+    if kind == "coroutine-of-async-def":
+        async def handler(job: alk.Job) -> None:
+            body_ran.append(job.id)
+
+        def spy(job: alk.Job) -> Any:  # sync: hands back the coroutine, unawaited
+            called.set()
+            return handler(job)
+    else:
+        def spy(job: alk.Job) -> Any:
+            called.set()
+            return loop.create_future() if kind == "future" else _Awaitable()
+
+    try:
+        with running(alk.Worker(store, q, spy, concurrency=1, poll_interval=0.2)) as r:
+            assert called.wait(WAIT)
+            job = wait_for(
+                lambda: (j := q.get_job(job_id)) is not None and j.state == "pending" and j.errors and j,
+                "the job to be retried",
+            )
+            r.stop_and_join()
+    finally:
+        loop.close()
+    assert job.attempts == 1  # not acked: the row is still there, back to pending
+    error = job.errors[-1]["error"]
+    assert "returned an awaitable" in error and "not an async def" in error, error
+    assert body_ran == []
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+# -- item 2: in-flight work keyed by the claim ----------------------------------------------
+
+
+class _Reclaim:
+    """One job whose attempt-1 claim lapses (fake clock) while its handler blocks, so the
+    same worker reclaims it as attempt 2; each attempt blocks on its own release event."""
+
+    def __init__(self, store: alk.Store, qname: str, clock: FakeClock) -> None:
+        self.clock = clock
+        # vt = 1 s of real time between heartbeats / 3, but the fake clock never moves on its
+        # own, so only clock.advance() can make a claim lapse.
+        self.q = store.queue(qname, visibility_timeout=1.0)
+        self.job_id = self.q.enqueue({"n": 1})
+        self.attempts: list[int] = []
+        self.release = {1: threading.Event(), 2: threading.Event(), 3: threading.Event()}
+
+    def handler(self, job: alk.Job) -> None:
+        if job.id != self.job_id:
+            return
+        self.attempts.append(job.attempts)
+        self.release[min(job.attempts, 3)].wait(2 * WAIT)  # outlives any wait_for below
+
+    def deadline(self) -> float:
+        job = self.q.get_job(self.job_id)
+        assert job is not None and job.claim_expires_at is not None
+        return job.claim_expires_at.timestamp()
+
+    def reclaim(self) -> None:
+        wait_for(lambda: self.attempts == [1], "attempt 1 to start")
+        self.clock.advance(2)  # attempt 1's claim lapses under its running handler
+        wait_for(lambda: self.attempts == [1, 2], "the same worker to reclaim the job as attempt 2")
+
+    def release_all(self) -> None:
+        for ev in self.release.values():
+            ev.set()
+
+
+def test_reclaimed_attempt_keeps_its_heartbeats_after_the_old_handler_exits(
+    store: alk.Store, qname: str, clock: FakeClock
+) -> None:
+    job = _Reclaim(store, qname, clock)
+    w = alk.Worker(store, job.q, job.handler, concurrency=2, poll_interval=0.2)
+    try:
+        with running(w) as r:
+            job.reclaim()
+            job.release[1].set()  # attempt 1's handler exits (its outcome is refused)
+            for _ in range(4):
+                # Each step moves the clock by half a visibility timeout: only a heartbeat of
+                # attempt 2 after the step keeps its claim alive (deadline = now + 1).
+                clock.advance(0.5)
+                wait_for(
+                    lambda: job.deadline() >= clock() + 1.0,
+                    "attempt 2's claim to be heartbeated after attempt 1's handler exited",
+                )
+            assert job.attempts == [1, 2], "the job ran a third time"
+            job.release[2].set()
+            wait_for(lambda: job.q.get_job(job.job_id) is None, "attempt 2's ack")
+            r.stop_and_join()
+    finally:
+        job.release_all()
+    assert job.attempts == [1, 2]
+    assert job.q.stats().dead == 0
+
+
+def test_handler_whose_claim_lapsed_still_holds_its_slot(
+    store: alk.Store, qname: str, clock: FakeClock
+) -> None:
+    """Two threads, both busy (attempt 1 with a lapsed claim, attempt 2): the worker claims
+    nothing more until a handler actually returns."""
+    job = _Reclaim(store, qname, clock)
+    other: list[int] = []
+    w = alk.Worker(
+        store, job.q, lambda j: other.append(j.id) if j.id != job.job_id else job.handler(j),
+        concurrency=2, poll_interval=0.2,
+    )
+    try:
+        with running(w) as r:
+            job.reclaim()
+            waiting = job.q.enqueue({"n": 2})
+            time.sleep(0.6)  # several claim-loop turns (poll 0.2 s) with both threads busy
+            queued = job.q.get_job(waiting)
+            assert queued is not None and queued.state == "pending" and queued.attempts == 0, (
+                "the worker claimed a job with no free thread to run it"
+            )
+            job.release[1].set()  # attempt 1's handler returns: its thread is free again
+            wait_for(lambda: other == [waiting], "the waiting job to run in the freed slot")
+            job.release[2].set()
+            wait_for(lambda: job.q.get_job(job.job_id) is None, "attempt 2's ack")
+            r.stop_and_join()
+    finally:
+        job.release_all()
+    assert job.attempts == [1, 2]
+
+
+# -- item 10: no busy loop on rows a claim cannot take ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "row", ["expired-pending", "expired-lapsed", "exhausted-lapsed", "expired-exhausted-lapsed"]
+)
+def test_idle_worker_does_not_spin_on_rows_no_claim_takes(
+    store: alk.Store, qname: str, clock: FakeClock, row: str
+) -> None:
+    q = store.queue(qname, visibility_timeout=10)
+    if row == "expired-pending":
+        job_id = q.enqueue({}, expires=5)
+        clock.advance(6)  # expired, not swept: pending forever, never claimable
+    else:
+        job_id = q.enqueue(
+            {}, expires=15 if "expired" in row else None, max_attempts=1 if "exhausted" in row else 3
+        )
+        h = q.claim_one("gone")  # a worker that died holding it
+        assert h is not None and h.id == job_id
+        clock.advance(16)  # the claim lapsed (at +10), and the row expired (+15) if asked
+    ran: list[int] = []
+    w = alk.Worker(store, q, lambda job: ran.append(job.id), concurrency=1, poll_interval=5)
+    claims = _count_claims(w)
+    with running(w) as r:
+        wait_for(lambda: claims, "the first claim")
+        time.sleep(1.5)
+        r.stop_and_join()
+    # one claim at start (an exhausted row goes dead in it), perhaps one after a wake; an
+    # idle wait of ~1 ms would have run hundreds of write transactions in 1.5 s
+    assert len(claims) <= 3, f"{len(claims)} claim transactions in 1.5 s with poll_interval=5"
+    assert ran == []
+    job = q.get_job(job_id)
+    assert job is not None
+    if row == "exhausted-lapsed":
+        assert job.state == "dead" and job.last_error == "max attempts exceeded"
+    else:
+        assert job.state != "dead"  # left for sweep_expired
+
+
+def test_next_due_counts_only_rows_a_claim_would_take(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    q = store.queue(qname, visibility_timeout=30)
+
+    def next_due() -> float | None:
+        with store.executor() as ex:
+            return store.backend.next_due(ex, {"queue": qname, "now": store.now()})
+
+    q.enqueue({}, expires=1, priority=9)  # the top priority, and it expires unclaimed
+    q.enqueue({}, delay=50, expires=10)  # due only after it expired: never claimable
+    clock.advance(2)
+    assert next_due() is None
+    doomed = q.enqueue({}, expires=20)
+    h = q.claim_one("gone")  # claim deadline +30, but the row expires at +20: no reclaim
+    assert h is not None and h.id == doomed
+    assert next_due() is None
+    live = q.enqueue({})
+    h = q.claim_one("gone")
+    assert h is not None and h.id == live
+    assert next_due() == pytest.approx(30)  # a live claim's deadline counts
+    q.enqueue({}, delay=7, priority=-3)  # a live delayed job behind them all
+    assert next_due() == pytest.approx(7)
+    clock.advance(8)
+    assert next_due() == 0.0  # ready now: a claim would take it
+
+
+# -- item 13: capped claim backoff, one log line per outage ---------------------------------
+
+
+def test_claim_backoff_is_capped_and_never_overflows() -> None:
+    from alkstore_sa.worker.claimer import claim_backoff
+
+    delays = [claim_backoff(n, 5.0) for n in range(0, 2_000)]
+    assert delays[0] > 0 and all(0 < d <= 5.0 for d in delays)
+    assert delays == sorted(delays)  # never shrinks while an outage lasts
+    assert claim_backoff(10_000, 5.0) == 5.0
+    assert claim_backoff(10**9, 3600.0) <= 3600.0
+
+
+@contextmanager
+def _claims_refused(db: Target, qname: str) -> Iterator[None]:
+    """A trigger that makes every UPDATE of this queue's jobs (so every claim that finds a
+    job) fail inside the database, until the block ends."""
+    lit = qname.replace("'", "''")
+    name = "alk_test_refuse_claims"
+    if db.kind == "sqlite":
+        db.execute(
+            f"CREATE TRIGGER {name} BEFORE UPDATE ON {db.table('alkstore_jobs')} "
+            f"WHEN NEW.queue = '{lit}' BEGIN SELECT RAISE(ABORT, 'claims refused by the test'); END"
+        )
+        drop = [f"DROP TRIGGER {name}"]
+    else:
+        fn = f'"{db.schema}".{name}'
+        db.execute(
+            f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+            "$body$ BEGIN RAISE EXCEPTION 'claims refused by the test'; END $body$"
+        )
+        db.execute(
+            f"CREATE TRIGGER {name} BEFORE UPDATE ON {db.table('alkstore_jobs')} "
+            f"FOR EACH ROW WHEN (NEW.queue = '{lit}') EXECUTE FUNCTION {fn}()"
+        )
+        drop = [f"DROP TRIGGER {name} ON {db.table('alkstore_jobs')}", f"DROP FUNCTION {fn}()"]
+    try:
+        yield
+    finally:
+        for sql in drop:
+            db.execute(sql)
+
+
+def test_claim_outage_is_survived_and_logged_once(
+    db: Target, store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="alkstore_sa")
+    q = store.queue(qname)
+    handled = threading.Event()
+    w = alk.Worker(store, q, lambda job: handled.set(), concurrency=1, poll_interval=0.3)
+    claims = _count_claims(w)
+    with running(w) as r:
+        wait_for(lambda: claims, "the first claim")
+        with _claims_refused(db, qname):
+            job_id = q.enqueue({"n": 1})
+            wait_for(lambda: claims.count("error") >= 4, "several failed claims")
+        assert handled.wait(WAIT), "the worker did not recover after the outage"
+        wait_for(lambda: q.get_job(job_id) is None, "the ack")
+        r.stop_and_join()
+    assert len(_messages(caplog, logging.WARNING, "claim", qname, "failed")) == 1
+    recovered = _messages(caplog, logging.INFO, "claim", qname, "again")
+    assert len(recovered) == 1, [rec.getMessage() for rec in caplog.records]
+
+
+# -- item 21: stop and dead jobs are logged --------------------------------------------------
+
+
+def test_stop_is_logged_with_the_in_flight_count(store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="alkstore_sa")
+    q = store.queue(qname)
+    q.enqueue({"n": 1})
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job: alk.Job) -> None:
+        started.set()
+        release.wait(WAIT)
+
+    w = alk.Worker(store, q, handler, concurrency=2, poll_interval=0.2, shutdown_grace=12.5)
+    with running(w) as r:
+        assert started.wait(WAIT)
+        r.stop.stop()
+        wait_for(lambda: _messages(caplog, logging.INFO, "stop requested"), "the stop line")
+        release.set()
+        r.stop_and_join()
+    (line,) = _messages(caplog, logging.INFO, "stop requested")
+    assert "finishing 1 in-flight job(s)" in line.getMessage() and "12.5s" in line.getMessage()
+
+
+def test_each_job_that_goes_dead_is_logged_once(
+    store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="alkstore_sa")
+    q = store.queue(qname, max_attempts=3)
+    failed = q.enqueue({"do": "fail"})
+    exhausted = q.enqueue({"do": "raise"}, max_attempts=1)
+    retried = q.enqueue({"do": "raise"})  # attempts left: retried, not dead
+
+    def handler(job: alk.Job) -> None:
+        if job.payload["do"] == "fail":
+            raise alk.Fail("no such user: 42")
+        raise RuntimeError("disk full: /var/spool")
+
+    def settled() -> bool:
+        jobs = [q.get_job(i) for i in (failed, exhausted, retried)]
+        return all(j is not None and j.state != "processing" and j.attempts == 1 for j in jobs)
+
+    w = alk.Worker(store, q, handler, concurrency=3, poll_interval=0.2)
+    with running(w) as r:
+        wait_for(settled, "every job handled once")
+        r.stop_and_join()
+
+    dead = _messages(caplog, logging.WARNING, "dead")
+    by_job = {getattr(rec, "job_id", None): rec for rec in dead}
+    assert sorted(by_job) == sorted([failed, exhausted]) and len(dead) == 2, [d.getMessage() for d in dead]
+    for job_id, last_error, error in [
+        (failed, "no such user: 42", "no such user: 42"),
+        (exhausted, "max attempts exceeded", "disk full: /var/spool"),
+    ]:
+        rec = by_job[job_id]
+        text = rec.getMessage()
+        assert qname in text and str(job_id) in text and last_error in text and error in text, text
+        assert "1/" in text  # attempts used / budget
+        assert rec.queue == qname and rec.attempt == 1  # type: ignore[attr-defined]
+
+
+# -- alk.current_job() inside a worker's handler -----------------------------------------------
+
+
+def test_current_job_is_the_job_being_handled(store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    ids = q.enqueue_many([{"n": 1}, {"n": 2}])
+    seen: dict[int, int | None] = {}
+
+    def handler(job: alk.Job) -> None:
+        current = alk.current_job()
+        seen[job.id] = None if current is None else current.id
+
+    with running(alk.Worker(store, q, handler, concurrency=2)) as r:
+        wait_for(lambda: len(seen) == 2, "both jobs handled")
+        r.stop_and_join()
+    assert seen == {i: i for i in ids}
+    assert alk.current_job() is None  # nothing leaks out of the handler's context

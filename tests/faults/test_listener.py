@@ -1,0 +1,153 @@
+"""Faults of the wake transports (issue 9 items 7 and 8): a listener/watcher whose
+descriptors are all >= 1024 still delivers (no select()), and a half-open PostgreSQL LISTEN
+connection — packets to and from its port dropped with iptables — is noticed within the
+health check's bound, a listen() made meanwhile still succeeds, and notifications flow again.
+
+The iptables test touches only the listener's own ephemeral port and always removes its
+rules; it is skipped (outside CI only) where iptables is missing or not permitted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+import alkstore_sa as alk
+from alkstore_sa._backends import pg_listener
+from tests.support import IN_CI, Target, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DELIVERY = 10.0
+
+
+def test_listener_works_with_descriptors_above_1024(db: Target) -> None:
+    """The listener's socket / the watcher's inotify fd and pipe all land above 1024."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.faults.fd_child", db.url, db.schema],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["lowest_free_fd"] >= 1024, result
+    assert result["payload"] == "over 1024", (result, proc.stderr[-3000:])
+    assert result["queue_wake"] is True, (result, proc.stderr[-3000:])
+
+
+# -- half-open LISTEN connection -------------------------------------------------------------
+
+
+def _iptables_reason() -> str | None:
+    """None when iptables can add and remove a rule here, else why not."""
+    tool = shutil.which("iptables")
+    if tool is None:
+        return "iptables is not installed (apt-get install iptables)"
+    probe = ["-p", "tcp", "--dport", "9", "-o", "lo", "-j", "DROP"]
+    added = subprocess.run([tool, "-w", "-I", "OUTPUT", *probe], capture_output=True, text=True)
+    if added.returncode != 0:
+        return f"iptables cannot add rules here (needs CAP_NET_ADMIN and nf_tables): {added.stderr.strip()}"
+    subprocess.run([tool, "-w", "-D", "OUTPUT", *probe], check=True)
+    return None
+
+
+@contextmanager
+def _blackholed(port: int) -> Iterator[None]:
+    """Drop every loopback packet to or from ``port`` (both directions pass OUTPUT on lo)."""
+    rules = [
+        ["OUTPUT", "-o", "lo", "-p", "tcp", "--sport", str(port), "-j", "DROP"],
+        ["OUTPUT", "-o", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"],
+    ]
+    added = []
+    try:
+        for rule in rules:
+            subprocess.run(["iptables", "-w", "-I", *rule], check=True)
+            added.append(rule)
+        yield
+    finally:
+        for rule in added:
+            subprocess.run(["iptables", "-w", "-D", *rule], check=False)
+
+
+@pytest.fixture
+def pg(_pg_module_target: Target) -> Target:
+    """The PostgreSQL target only: these faults concern the LISTEN connection."""
+    return _pg_module_target
+
+
+def _terminate(db: Target, pid: int | None) -> None:
+    """End the abandoned server backend of the blackholed connection (its client is gone)."""
+    if pid is not None:
+        db.execute("SELECT pg_catalog.pg_terminate_backend(:pid)", pid=pid)
+
+
+def _listener_port(db: Target, hub: pg_listener.PgHub) -> tuple[int, int]:
+    pid = wait_for(lambda: hub.backend_pid, "the listener to connect")
+    port = db.scalar("SELECT client_port FROM pg_catalog.pg_stat_activity WHERE pid = :pid", pid=pid)
+    assert isinstance(port, int) and port > 0, f"listener backend {pid} has no TCP client port"
+    return pid, port
+
+
+def test_half_open_listener_is_noticed_and_recovers(pg: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = _iptables_reason()
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    # the module-level knobs, shrunk: idle 0.5 s before a check, 2 s for its answer
+    monkeypatch.setattr(pg_listener, "HEALTH_CHECK_INTERVAL", 0.5)
+    monkeypatch.setattr(pg_listener, "HEALTH_CHECK_TIMEOUT", 2.0)
+    store = pg.store()
+    old_pid = None
+    try:
+        before = store.listen("half-open")
+        hub = store.hub()
+        old_pid, port = _listener_port(pg, hub)
+        with _blackholed(port):
+            # made while the connection is half-open: must not fail, must be listening
+            during = store.listen("half-open-2")
+            assert hub.backend_pid not in (None, old_pid), "listen() returned on the dead connection"
+            store.notify("half-open", "while blackholed")
+            store.notify("half-open-2", "to the new subscription")
+            assert before.get(timeout=DELIVERY) == alk.Notification("half-open", "while blackholed")
+            assert during.get(timeout=DELIVERY) == alk.Notification("half-open-2", "to the new subscription")
+        store.notify("half-open", "after")
+        assert before.get(timeout=DELIVERY) == alk.Notification("half-open", "after")
+        before.close()
+        during.close()
+    finally:
+        store.close()
+        _terminate(pg, old_pid)
+
+
+def test_idle_half_open_listener_reconnects_within_the_bound(pg: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody calls listen(): the idle health check alone finds the dead connection."""
+    reason = _iptables_reason()
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    monkeypatch.setattr(pg_listener, "HEALTH_CHECK_INTERVAL", 0.5)
+    monkeypatch.setattr(pg_listener, "HEALTH_CHECK_TIMEOUT", 2.0)
+    store = pg.store()
+    old_pid = None
+    try:
+        sub = store.listen("idle-half-open")
+        hub = store.hub()
+        old_pid, port = _listener_port(pg, hub)
+        with _blackholed(port):
+            started = time.monotonic()
+            # bound: interval + timeout + reconnect, with a loaded machine's slack
+            wait_for(lambda: hub.backend_pid not in (None, old_pid), "the listener to reconnect", timeout=30.0)
+            assert time.monotonic() - started < 30.0
+            store.notify("idle-half-open", "on the new connection")
+            assert sub.get(timeout=DELIVERY) == alk.Notification("idle-half-open", "on the new connection")
+        sub.close()
+    finally:
+        store.close()
+        _terminate(pg, old_pid)

@@ -1,0 +1,136 @@
+"""PgBouncer in transaction-pooling mode (issue 9 item 6): the store's own connections work
+behind it with the library's defaults (no prepared-statement collisions across clients);
+LISTEN through it delivers nothing, which the listener's round-trip probe detects and logs
+once while workers drain by polling; a direct listener connection beside a pooled engine
+gets every notification.
+
+The PgBouncer is the one ``.ci/run`` started (``ALKSTORE_TEST_PGBOUNCER_URL``), else a
+private one on a free loopback port; without the ``pgbouncer`` package these tests skip
+with that reason outside CI and fail under CI."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+import alkstore_sa as alk
+from alkstore_sa._backends import pg_listener
+from tests.faults import pgbouncer
+from tests.support import IN_CI, Target, wait_for
+
+DELIVERY = 10.0
+THREADS = 8
+HAMMER_SECONDS = 3.0
+NO_PREPARE = {"prepare_threshold": None}  # isolates the listener tests from statement caching
+
+
+@pytest.fixture(scope="module")
+def bouncer(_pg_module_target: Target) -> Iterator[pgbouncer.Bouncer]:
+    try:
+        started = pgbouncer.start()
+    except (FileNotFoundError, RuntimeError) as exc:
+        if IN_CI:
+            pytest.fail(f"PgBouncer is required under CI: {exc}")
+        pytest.skip(str(exc))
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def pg(_pg_module_target: Target) -> Target:
+    return _pg_module_target
+
+
+def test_store_works_behind_transaction_pooling_with_default_settings(
+    bouncer: pgbouncer.Bouncer, pg: Target
+) -> None:
+    """8 threads enqueue, claim and ack for a few seconds through the pooler: zero errors
+    (psycopg's automatic prepared statements would collide across PgBouncer's clients)."""
+    engine = sa.create_engine(bouncer.url, pool_size=THREADS)
+    store = alk.Store(engine, schema=pg.schema)
+    q = store.queue("pooled")
+    errors: list[str] = []
+    acked = [0] * THREADS
+    until = time.monotonic() + HAMMER_SECONDS
+
+    def hammer(i: int) -> None:
+        while time.monotonic() < until and len(errors) < 50:
+            try:
+                q.enqueue({"thread": i})
+                handle = q.claim_one(f"w{i}")
+                if handle is not None and handle.ack():
+                    acked[i] += 1
+            except Exception as exc:  # noqa: BLE001 - every error is the finding
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(THREADS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(HAMMER_SECONDS + 60)
+        assert not errors, f"{len(errors)} errors behind PgBouncer; first: {errors[:3]}"
+        assert sum(acked) > THREADS  # each thread went round more than the threshold of 5
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_listen_through_the_pooler_is_detected_and_workers_poll(
+    bouncer: pgbouncer.Bouncer, pg: Target, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pg_listener, "PROBE_TIMEOUT", 3.0)
+    engine = sa.create_engine(bouncer.url, connect_args=NO_PREPARE)
+    store = alk.Store(engine, schema=pg.schema)
+    handled: list[int] = []
+    worker = alk.Worker(store, "polled", lambda job: handled.append(job.id), concurrency=2, poll_interval=0.3)
+    stop = alk.StopToken()
+    runner = threading.Thread(target=worker.run, args=(stop,))
+    caplog.set_level(logging.WARNING, logger="alkstore_sa")
+    try:
+        runner.start()
+        hub = store.hub()  # the one the worker uses
+        assert wait_for(lambda: hub.listen_works is not None, "the probe's verdict") is not None
+        assert hub.listen_works is False
+        sub = store.listen("still-returns")  # LISTEN itself succeeds through the pooler
+        sub.close()
+        ids = [store.queue("polled").enqueue({"n": n}) for n in range(5)]
+        wait_for(lambda: set(ids) <= set(handled), "the worker to drain the queue by polling")
+    finally:
+        stop.stop()
+        runner.join(30)
+        store.close()
+        engine.dispose()
+    warnings = [r for r in caplog.records if "LISTEN does not work" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert warnings[0].levelno == logging.WARNING
+    assert "PgBouncer" in warnings[0].getMessage() and "poll_interval" in warnings[0].getMessage()
+
+
+def test_a_direct_listener_beside_a_pooled_engine_gets_notifications(
+    bouncer: pgbouncer.Bouncer, pg: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The recommended setup: the application's engine through the pooler, the listener on
+    a direct connection (``Store(..., listen_url=...)``); notifications sent through the
+    pooler arrive, and a worker is woken by an enqueue through the pooler."""
+    engine = sa.create_engine(bouncer.url)
+    store = alk.Store(engine, schema=pg.schema, listen_url=pg.url)
+    caplog.set_level(logging.WARNING, logger="alkstore_sa")
+    try:
+        sub = store.listen("direct")
+        store.notify("direct", "through the pooler")
+        got = sub.get(timeout=DELIVERY)
+        assert got is not None and got.payload == "through the pooler"
+        sub.close()
+        hub = store.hub()
+        wait_for(lambda: hub.listen_works is not None, "the probe's verdict")
+        assert hub.listen_works is True
+    finally:
+        store.close()
+        engine.dispose()
+    assert not [r for r in caplog.records if "LISTEN does not work" in r.getMessage()]

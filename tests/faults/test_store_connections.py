@@ -1,0 +1,478 @@
+"""Faults of the store's own connections (issue 9 items 3 and 4, SPEC §4): killed backends,
+a disconnect in the middle of a statement, a fork with an open store, a ``NullPool`` engine,
+``close()`` while an operation runs, and a disconnect seen by the application's own
+connections (the pool's invalidation must reach the store's connections too).
+
+PostgreSQL backends are found by ``application_name``: each test tags its own engine, so
+terminating them never touches another test's connections."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.pool import NullPool
+
+import alkstore_sa as alk
+from tests.support import PG_URL, Target, wait_for
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _tag() -> str:
+    return f"alk-conn-{uuid.uuid4().hex[:10]}"
+
+
+def _tagged_engine(app: str, **kw: Any) -> sa.Engine:
+    """A PostgreSQL engine whose every connection carries ``application_name = app``."""
+    return sa.create_engine(PG_URL, connect_args={"application_name": app}, **kw)
+
+
+def _control() -> sa.Engine:
+    return sa.create_engine(PG_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+
+
+def _backends(app: str, where: str = "true") -> list[int]:
+    control = _control()
+    try:
+        with control.connect() as c:
+            return list(
+                c.execute(
+                    sa.text(
+                        f"SELECT pid FROM pg_stat_activity WHERE application_name = :app AND {where}"
+                    ),
+                    {"app": app},
+                ).scalars()
+            )
+    finally:
+        control.dispose()
+
+
+def _terminate(pids: list[int]) -> None:
+    control = _control()
+    try:
+        with control.connect() as c:
+            for pid in pids:
+                c.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    finally:
+        control.dispose()
+    wait_for(lambda: not set(pids) & set(_all_backends()), "the terminated backends to exit")
+
+
+def _all_backends() -> list[int]:
+    control = _control()
+    try:
+        with control.connect() as c:
+            return list(c.execute(sa.text("SELECT pid FROM pg_stat_activity")).scalars())
+    finally:
+        control.dispose()
+
+
+def _backend_pid(store: alk.Store) -> int:
+    """The PostgreSQL backend an operation of ``store`` runs on."""
+    with store.executor() as ex:
+        return int(ex.rows("SELECT pg_backend_pid()", {})[0][0])
+
+
+@pytest.fixture
+def pg(db: Target) -> Target:
+    if db.kind != "postgresql":
+        pytest.skip("PostgreSQL only: server backends, prepared statements")
+    return db
+
+
+@pytest.fixture
+def tagged(pg: Target) -> Iterator[tuple[str, sa.Engine]]:
+    app = _tag()
+    engine = _tagged_engine(app)
+    yield app, engine
+    engine.dispose()
+
+
+# -- killed connections --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_ping", [False, True], ids=["no-pre-ping", "pre-ping"])
+def test_operations_after_killed_store_connections_succeed_first_try(
+    pg: Target, qname: str, pre_ping: bool
+) -> None:
+    """Every one of the store's connections is terminated between two operations: enqueue,
+    claim and ack each succeed on their first try (no exception, no lost ack)."""
+    app = _tag()
+    engine = _tagged_engine(app, pool_pre_ping=pre_ping)
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        q = store.queue(qname)
+        q.enqueue("before")
+        handles = q.claim_batch("w", 1)
+        threads = [threading.Thread(target=q.stats) for _ in range(4)]  # several connections
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        _terminate(_backends(app))
+
+        job_id = q.enqueue("after the kill")
+        _terminate(_backends(app))
+        assert handles[0].ack() is True
+        _terminate(_backends(app))
+        claimed = q.claim_one("w")
+        assert claimed is not None and claimed.id == job_id
+        _terminate(_backends(app))
+        assert claimed.heartbeat(60) is True
+        assert claimed.ack() is True
+        assert q.stats().processing == 0
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def _wait_for_lock_waiter(app: str, but_not: frozenset[int] = frozenset()) -> int:
+    def waiter() -> int | None:
+        pids = set(_backends(app, "wait_event_type = 'Lock'")) - but_not
+        return next(iter(pids), None)
+
+    return int(wait_for(waiter, "a store backend waiting on the lock"))
+
+
+def test_ack_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
+    pg: Target, tagged: tuple[str, sa.Engine], qname: str
+) -> None:
+    """The ack's backend dies while the ack waits on a row lock (so the statement was sent
+    and did not land): the ack is retried on a new connection and lands."""
+    app, engine = tagged
+    store = alk.Store(engine, schema=pg.schema)
+    locker = pg.engine.connect()
+    try:
+        q = store.queue(qname)
+        q.enqueue("x")
+        handle = q.claim_one("w")
+        assert handle is not None
+        tx = locker.begin()
+        locker.execute(sa.text(f"SELECT id FROM {pg.table('alkstore_jobs')} WHERE id = :id FOR UPDATE"), {"id": handle.id})
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(_capture(handle.ack)))
+        t.start()
+        first = _wait_for_lock_waiter(app)
+        _terminate([first])
+        _wait_for_lock_waiter(app, but_not=frozenset({first}))  # the retry, on another backend
+        tx.commit()
+        t.join(30)
+        assert result == [True]
+        assert q.get_job(handle.id) is None
+    finally:
+        locker.close()
+        store.close()
+
+
+def test_enqueue_cut_off_mid_statement_is_not_retried(
+    pg: Target, tagged: tuple[str, sa.Engine], qname: str
+) -> None:
+    """An enqueue whose connection dies after the statement was sent raises: it might have
+    committed, and a retry could enqueue the job twice. Nothing is written twice."""
+    app, engine = tagged
+    store = alk.Store(engine, schema=pg.schema)
+    locker = pg.engine.connect()
+    try:
+        q = store.queue(qname)
+        q.stats()  # schema check done, a connection cached
+        tx = locker.begin()
+        locker.execute(sa.text(f"LOCK TABLE {pg.table('alkstore_jobs')} IN SHARE MODE"))
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(_capture(lambda: q.enqueue("once"))))
+        t.start()
+        _terminate([_wait_for_lock_waiter(app)])
+        t.join(30)
+        tx.commit()
+        assert len(result) == 1 and isinstance(result[0], alk.DatabaseError), result
+        assert q.stats().pending == 0
+        assert q.enqueue("next") > 0  # the store itself is fine
+    finally:
+        locker.close()
+        store.close()
+
+
+def _capture(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+
+
+def test_disconnect_seen_by_the_app_renews_the_stores_connections(
+    pg: Target, tagged: tuple[str, sa.Engine], qname: str
+) -> None:
+    """The application's own connection hits a disconnect: SQLAlchemy invalidates every
+    connection of the pool opened before it (the pool's rule), the store's included."""
+    app, engine = tagged
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        before = _backend_pid(store)
+        with engine.connect() as conn:
+            _terminate([int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())])
+            with pytest.raises(sa.exc.OperationalError):
+                conn.exec_driver_sql("SELECT 1")
+        assert _backend_pid(store) != before
+    finally:
+        store.close()
+
+
+# -- pool rules ----------------------------------------------------------------------------
+
+
+def _open_connections(engine: sa.Engine) -> list[int]:
+    """A live count of the engine's open DBAPI connections (from the pool's events)."""
+    count = [0]
+
+    @event.listens_for(engine, "connect")
+    def opened(*_: Any) -> None:
+        count[0] += 1
+
+    @event.listens_for(engine, "close")
+    def closed(*_: Any) -> None:
+        count[0] -= 1
+
+    @event.listens_for(engine, "close_detached")
+    def closed_detached(*_: Any) -> None:
+        count[0] -= 1
+
+    return count
+
+
+def test_nullpool_engine_keeps_no_connection_open(db: Target, qname: str) -> None:
+    app = _tag()
+    if db.kind == "postgresql":
+        engine = _tagged_engine(app, poolclass=NullPool)
+    else:
+        engine = sa.create_engine(db.url, poolclass=NullPool)
+    open_now = _open_connections(engine)
+    store = alk.Store(engine, schema=db.schema)
+    try:
+        q = store.queue(qname)
+        q.enqueue("x")
+        h = q.claim_one("w")
+        assert h is not None and h.ack() is True
+        q.stats()
+        assert open_now[0] == 0, f"{open_now[0]} connection(s) left open on a NullPool engine"
+        if db.kind == "postgresql":
+            wait_for(lambda: not _backends(app), "no backend left for the NullPool engine")
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_close_returns_a_connection_in_use_by_a_running_operation(db: Target, qname: str) -> None:
+    """``close()`` while an operation waits on a lock: when it finishes, its connection goes
+    back to the engine's pool, not into the (emptied) cache."""
+    engine = sa.create_engine(db.url)
+    store = alk.Store(engine, schema=db.schema)
+    store.check_schema()  # done now, so the operation below is the only checkout
+    blocker: Any
+    if db.kind == "postgresql":
+        blocker = db.engine.connect()  # another engine: only the operation counts below
+        blocker.exec_driver_sql("SELECT pg_advisory_lock(424242)")
+
+        def blocked_op() -> None:
+            with store.executor() as ex:
+                ex.rows("SELECT pg_advisory_xact_lock(424242)", {})
+
+        def release() -> None:
+            blocker.exec_driver_sql("SELECT pg_advisory_unlock(424242)")
+            blocker.close()
+    else:
+        path = sa.make_url(db.url).database
+        assert path
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+
+        def blocked_op() -> None:
+            with store.executor() as ex, ex.transaction():
+                pass
+
+        def release() -> None:
+            blocker.execute("COMMIT")
+            blocker.close()
+
+    outcome: list[Any] = []
+    t = threading.Thread(target=lambda: outcome.append(_capture(blocked_op)))
+    t.start()
+    try:
+        wait_for(lambda: engine.pool.checkedout() == 1, "the operation to hold a connection")  # type: ignore[attr-defined]
+        store.close()
+    finally:
+        release()
+    t.join(30)
+    assert outcome == [None]
+    assert engine.pool.checkedout() == 0, "close() left a connection checked out"  # type: ignore[attr-defined]
+    engine.dispose()
+
+
+# -- fork ----------------------------------------------------------------------------------
+
+
+def _in_child(work: Any) -> dict[str, Any]:
+    """Run ``work()`` in a forked child; its JSON result, after the child exited 0."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(r)
+            os.write(w, json.dumps(work()).encode())
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            os.write(w, json.dumps({"error": repr(exc)}).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    result = json.loads(b"".join(chunks) or b"{}")
+    assert os.waitstatus_to_exitcode(status) == 0, result
+    return result  # type: ignore[no-any-return]
+
+
+def test_forked_child_never_uses_the_parents_postgresql_connections(
+    pg: Target, tagged: tuple[str, sa.Engine], qname: str
+) -> None:
+    app, engine = tagged
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        q = store.queue(qname)
+        parent = {_backend_pid(store)}
+        with engine.connect() as conn:  # an app connection left idle in the engine's pool
+            parent.add(int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()))
+        q.enqueue("parent")
+
+        def child() -> dict[str, Any]:
+            return {"pid": _backend_pid(store), "job": q.enqueue("child")}
+
+        result = _in_child(child)
+        assert result["pid"] not in parent, "the child ran on one of the parent's connections"
+        # the parent's connections were left alone: it carries on with them
+        assert _backend_pid(store) in parent
+        payloads = sorted(h.payload for h in q.claim_batch("w", 10))
+        assert payloads == ["child", "parent"]
+    finally:
+        store.close()
+
+
+def test_forked_child_never_uses_the_parents_sqlite_connections(db: Target, qname: str) -> None:
+    if db.kind != "sqlite":
+        pytest.skip("the SQLite half of the fork test")
+    engine = sa.create_engine(db.url)
+
+    @event.listens_for(engine, "connect")
+    def stamp(dbapi_conn: Any, _record: Any) -> None:
+        # a TEMP table lives in one connection: it names the process that opened it
+        dbapi_conn.execute(f"CREATE TEMP TABLE owner AS SELECT {os.getpid()} AS pid")
+
+    def owner(store: alk.Store) -> int:
+        with store.executor() as ex:
+            return int(ex.rows("SELECT pid FROM temp.owner", {})[0][0])
+
+    store = alk.Store(engine, schema=db.schema)
+    try:
+        q = store.queue(qname)
+        assert owner(store) == os.getpid()
+        with engine.connect() as conn:  # an app connection left idle in the engine's pool
+            conn.exec_driver_sql("SELECT 1")
+        q.enqueue("parent")
+
+        def child() -> dict[str, Any]:
+            h = q.claim_one("child")
+            return {"owner": owner(store), "me": os.getpid(), "job": q.enqueue("child"), "acked": bool(h and h.ack())}
+
+        result = _in_child(child)
+        assert result["owner"] == result["me"], "the child used a connection the parent opened"
+        assert result["acked"] is True
+        assert owner(store) == os.getpid()  # the parent carries on with its own connections
+        assert [h.payload for h in q.claim_batch("w", 10)] == ["child"]
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA integrity_check").scalar_one() == "ok"
+    finally:
+        store.close()
+        engine.dispose()
+
+
+# -- prepared statements: only on a direct connection --------------------------------------
+
+
+class _TcpForwarder:
+    """A minimal TCP proxy to PostgreSQL on loopback: what any pooler or proxy looks like
+    from the server's side (it sees the proxy's socket, not the client's)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def _prepared_statements(store: alk.Store, queue: str) -> int:
+    """Statements the server has prepared on the store's connection, after enough
+    repetitions of one statement that psycopg would prepare it (its threshold is 5)."""
+    q = store.queue(queue)
+    for i in range(8):
+        q.enqueue(i)
+    with store.executor() as ex:
+        return int(ex.rows("SELECT count(*) FROM pg_catalog.pg_prepared_statements", {})[0][0])
+
+
+def test_store_prepares_statements_only_on_a_direct_connection(pg: Target, qname: str) -> None:
+    url = sa.make_url(PG_URL)
+    forwarder = _TcpForwarder((url.host or "127.0.0.1", url.port or 5432))
+    direct = sa.create_engine(PG_URL)
+    proxied = sa.create_engine(url.set(host="127.0.0.1", port=forwarder.port))
+    stores = [alk.Store(direct, schema=pg.schema), alk.Store(proxied, schema=pg.schema)]
+    try:
+        assert _prepared_statements(stores[0], qname) > 0  # direct: psycopg's fast path kept
+        # through anything that may be a transaction pooler: never a named statement
+        assert _prepared_statements(stores[1], qname) == 0
+    finally:
+        for s in stores:
+            s.close()
+        direct.dispose()
+        proxied.dispose()
+        forwarder.close()
