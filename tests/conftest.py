@@ -63,6 +63,21 @@ def db(request: pytest.FixtureRequest, tmp_path) -> Target:
 
 
 @pytest.fixture
+def pg_db(_pg_module_target: Target) -> Target:
+    """The PostgreSQL database alone, for behaviour only PostgreSQL has (server backends,
+    schemas, LISTEN): such tests are not parametrized over SQLite at all, never skipped there."""
+    return _pg_module_target
+
+
+@pytest.fixture
+def sqlite_db(tmp_path) -> Target:
+    """A fresh SQLite file alone, for behaviour only SQLite has."""
+    target = sqlite_target(str(tmp_path))
+    yield target
+    target.engine.dispose()
+
+
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 

@@ -63,9 +63,9 @@ def test_resubscribe_after_last_close_is_active(store: alk.Store) -> None:
 
 
 @pytest.fixture
-def unreachable(db: Target, monkeypatch: pytest.MonkeyPatch) -> alk.Store:
-    if db.kind != "postgresql":
-        pytest.skip("PostgreSQL's listener connection only (SQLite has no listener connection)")
+def unreachable(pg_db: Target, monkeypatch: pytest.MonkeyPatch) -> alk.Store:
+    """PostgreSQL's listener connection only (SQLite has no listener connection)."""
+    db = pg_db
     monkeypatch.setattr(pg_listener, "LISTEN_TIMEOUT", 1.0)
     # port 1 on loopback: nothing listens there, so every connection attempt is refused
     store = alk.Store(sa.make_url(db.url).set(port=1), schema=db.schema)

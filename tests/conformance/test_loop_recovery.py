@@ -286,10 +286,10 @@ def test_a_standby_rides_out_an_outage_and_takes_over(
 
 
 def test_run_schedules_survives_killed_connections(
-    db: Target, engines: list[sa.Engine], qname: str, runners: list[Runner],
+    pg_db: Target, engines: list[sa.Engine], qname: str, runners: list[Runner],
 ) -> None:
-    if db.kind != "postgresql":
-        pytest.skip("pg_terminate_backend is PostgreSQL's; SQLite's outages are the renamed tables")
+    """pg_terminate_backend is PostgreSQL's (SQLite's outages are the renamed tables)."""
+    db = pg_db
     app = f"alk-loop-{uuid.uuid4().hex[:8]}"
     store = alk.Store(own_engine(db, engines, app), schema=db.schema)  # the database clock
     try:
@@ -363,10 +363,10 @@ def test_subscribe_rides_out_an_outage_logging_it_once(
 
 
 def test_subscribe_survives_killed_connections(
-    db: Target, engines: list[sa.Engine], qname: str,
+    pg_db: Target, engines: list[sa.Engine], qname: str,
 ) -> None:
-    if db.kind != "postgresql":
-        pytest.skip("pg_terminate_backend is PostgreSQL's; SQLite's outages are the renamed tables")
+    """pg_terminate_backend is PostgreSQL's (SQLite's outages are the renamed tables)."""
+    db = pg_db
     app = f"alk-loop-{uuid.uuid4().hex[:8]}"
     store = alk.Store(own_engine(db, engines, app), schema=db.schema)
     publisher = alk.Store(own_engine(db, engines, "alk-loop-publisher"), schema=db.schema)

@@ -112,10 +112,9 @@ def test_store_register_serves_another_engine_without_keeping_it_alive(
 
 
 @pytest.fixture
-def second_schema(db: Target) -> Any:
-    """A second installed alkstore schema on the same PostgreSQL database."""
-    if db.kind != "postgresql":
-        pytest.skip("SQLite has no schemas: every store on a file shares its tables")
+def second_schema(pg_db: Target) -> Any:
+    """A second installed alkstore schema on the same PostgreSQL database (SQLite has no
+    schemas: every store on a file shares its tables)."""
     target = pg_target(new_pg_schema("reg"))
     yield target.schema
     with target.engine.begin() as c:
@@ -135,8 +134,9 @@ BY_NAME: dict[str, Callable[[Session, str], object]] = {
 
 @pytest.mark.parametrize("call", sorted(BY_NAME))
 def test_two_schemas_on_one_engine_make_by_name_calls_raise(
-    db: Target, second_schema: str, call: str, qname: str
+    pg_db: Target, second_schema: str, call: str, qname: str
 ) -> None:
+    db = pg_db
     first = db.store()
     second = alk.Store(db.engine, schema=second_schema)
     try:
@@ -153,7 +153,8 @@ def test_two_schemas_on_one_engine_make_by_name_calls_raise(
         first.close()
 
 
-def test_a_queue_handle_writes_to_its_own_schema(db: Target, second_schema: str, qname: str) -> None:
+def test_a_queue_handle_writes_to_its_own_schema(pg_db: Target, second_schema: str, qname: str) -> None:
+    db = pg_db
     first = db.store()
     second = alk.Store(db.engine, schema=second_schema)
     try:

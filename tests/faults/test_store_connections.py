@@ -85,10 +85,9 @@ def _backend_pid(store: alk.Store) -> int:
 
 
 @pytest.fixture
-def pg(db: Target) -> Target:
-    if db.kind != "postgresql":
-        pytest.skip("PostgreSQL only: server backends, prepared statements")
-    return db
+def pg(pg_db: Target) -> Target:
+    """PostgreSQL only: server backends, prepared statements."""
+    return pg_db
 
 
 @pytest.fixture
@@ -370,9 +369,8 @@ def test_forked_child_never_uses_the_parents_postgresql_connections(
         store.close()
 
 
-def test_forked_child_never_uses_the_parents_sqlite_connections(db: Target, qname: str) -> None:
-    if db.kind != "sqlite":
-        pytest.skip("the SQLite half of the fork test")
+def test_forked_child_never_uses_the_parents_sqlite_connections(sqlite_db: Target, qname: str) -> None:
+    db = sqlite_db
     engine = sa.create_engine(db.url)
 
     @event.listens_for(engine, "connect")
