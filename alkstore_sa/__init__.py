@@ -18,7 +18,7 @@ from .errors import (
     StoreClosed,
 )
 from .locks import Lock
-from .model import Event, Job, LockInfo, QueueStats, Schedule, SweepResult
+from .model import Event, Job, LockInfo, QueueSettings, QueueStats, Schedule, SweepResult
 from .notify import Notification, Subscription
 from .outbox import Outbox
 from .queue import JobHandle, Queue, QueueOpts
@@ -27,7 +27,20 @@ from .stop import StopToken
 from .store import Store
 from .streams import Stream
 from .tasks import Task, Tasks
-from .transactional import enqueue, enqueue_many, get_job, notify, outbox_enqueue, publish
+from .transactional import (
+    aenqueue,
+    aenqueue_many,
+    aget_job,
+    anotify,
+    aoutbox_enqueue,
+    apublish,
+    enqueue,
+    enqueue_many,
+    get_job,
+    notify,
+    outbox_enqueue,
+    publish,
+)
 from .worker import Fail, Retry, Worker
 
 __version__ = "0.1.0"
@@ -52,6 +65,7 @@ __all__ = [
     "PayloadError",
     "Queue",
     "QueueOpts",
+    "QueueSettings",
     "QueueStats",
     "Retry",
     "Schedule",
@@ -66,6 +80,12 @@ __all__ = [
     "Task",
     "Tasks",
     "Worker",
+    "aenqueue",
+    "aenqueue_many",
+    "aget_job",
+    "anotify",
+    "aoutbox_enqueue",
+    "apublish",
     "current_job",
     "enqueue",
     "enqueue_many",

@@ -83,30 +83,79 @@ class _Transaction:
 
 class SessionExecutor:
     """Runs compiled SQL on the caller's Connection, inside the caller's transaction
-    (SQLAlchemy's events and echo still see every statement)."""
+    (SQLAlchemy's events and echo still see every statement). The SQL was compiled for the
+    connection's driver (``Backend.for_dialect``); this class serves the drivers that take
+    named parameters in a dict (psycopg, psycopg2, sqlite3)."""
 
-    __slots__ = ("_conn", "_backend")
+    __slots__ = ("_conn", "backend")
 
     def __init__(self, conn: Connection, backend: Backend) -> None:
         self._conn = conn
-        self._backend = backend
+        self.backend = backend  # compiled for this connection's driver: run operations on it
+
+    def _params(self, sql: str, params: Mapping[str, Any]) -> Any:
+        return dict(params)
 
     def rows(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        args = self._params(sql, params)
         try:
-            return [tuple(r) for r in self._conn.exec_driver_sql(sql, dict(params))]
+            return [tuple(r) for r in self._conn.exec_driver_sql(sql, args)]
         except Exception as exc:
-            raise self._backend.translate_error(exc) from exc
+            raise self._failed(exc) from exc
 
     def rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
+        args = self._params(sql, params)
         try:
-            return self._conn.exec_driver_sql(sql, dict(params)).rowcount
+            return self._conn.exec_driver_sql(sql, args).rowcount
         except Exception as exc:
-            raise self._backend.translate_error(exc) from exc
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: Exception) -> BaseException:
+        """The alkstore error for ``exc``, after making sure the caller cannot commit a
+        transaction the failure ended (SPEC §13)."""
+        if self.backend.failure_aborts_transaction:
+            _fail_transaction(self._conn)
+        return self.backend.translate_error(exc)
 
     def transaction(self) -> contextlib.nullcontext[None]:
         """The caller's transaction is already the atomic unit (and SAVEPOINTs are unreliable
         under pysqlite's transaction handling), so nothing is added."""
         return contextlib.nullcontext()
+
+
+class PositionalSessionExecutor(SessionExecutor):
+    """A SessionExecutor for a driver with positional ``$n`` parameters (asyncpg): the
+    values go in the order the statement's compilation recorded."""
+
+    __slots__ = ()
+
+    def _params(self, sql: str, params: Mapping[str, Any]) -> Any:
+        return tuple([params[name] for name in self.backend.positions(sql)])
+
+
+def session_executor(conn: Connection, backend: Backend) -> SessionExecutor:
+    """The executor for a caller's connection, given the backend compiled for its driver."""
+    if backend.positional:
+        return PositionalSessionExecutor(conn, backend)
+    return SessionExecutor(conn, backend)
+
+
+def _fail_transaction(conn: Connection) -> None:
+    """After a statement failed in the caller's transaction on PostgreSQL: the server has
+    aborted that transaction, and a later COMMIT would be answered with a silent ROLLBACK —
+    the caller's own rows lost with no error (every driver reports that COMMIT as a
+    success). Invalidating the connection makes SQLAlchemy refuse the commit
+    (``PendingRollbackError``) until the caller rolls back. Inside a SAVEPOINT nothing is
+    done: rolling back to it makes the transaction usable again, and releasing it fails
+    loudly. Nor in autocommit, where no transaction was lost."""
+    try:
+        autocommit = conn._is_autocommit_isolation()
+    except AttributeError:  # a SQLAlchemy without it: treat as transactional (the safe side)
+        autocommit = False
+    if autocommit or not conn.in_transaction() or conn.in_nested_transaction():
+        return
+    with contextlib.suppress(Exception):  # the statement's own error is the one to raise
+        conn.invalidate()
 
 
 class Lease:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection, Engine
 
 from ._backends import backend_for
-from ._conn import SessionExecutor
+from ._conn import SessionExecutor, session_executor
 from .errors import InvalidOptions
 from .schema import DEFAULT_SCHEMA
 
@@ -135,4 +135,5 @@ class _DefaultStore:
         return time.time() if self.backend.name == "sqlite" else None
 
     def session_executor(self, conn: Connection) -> SessionExecutor:
-        return SessionExecutor(conn, self.backend)
+        """An executor on the caller's connection, with the backend compiled for its driver."""
+        return session_executor(conn, self.backend.for_dialect(conn.dialect))

@@ -62,6 +62,7 @@ def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:
         errors=_errors(row[_I["errors"]]),
         last_error=row[_STATE + 1] if dead else None,
         died_at=ts(row[_STATE + 2]) if dead else None,
+        unique_key=row[_I["unique_key"]],
     )
 
 

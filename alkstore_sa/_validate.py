@@ -52,6 +52,18 @@ def worker_id(value: object) -> str:
     return value
 
 
+def unique_key(value: object) -> str | None:
+    """A job's unique key (SPEC §14): None, or a non-empty str of at most 200 characters of
+    valid text without NUL."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidOptions("unique_key must be None or a non-empty str")
+    if len(value) > MAX_NAME_LENGTH or "\x00" in value or not _utf8_clean(value):
+        raise InvalidOptions("unique_key must be at most 200 characters of valid text without NUL")
+    return value
+
+
 def _number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidOptions(f"{what} must be a number, got {type(value).__name__}")

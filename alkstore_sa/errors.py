@@ -25,13 +25,17 @@ class InvalidOptions(AlkstoreError, ValueError):
 
 
 class InvalidSpec(AlkstoreError, ValueError):
-    """A schedule spec is not of the form ``@every <n><s|m|h|d>``."""
+    """A schedule spec is not ``@every <n><s|m|h|d>``, a 5-field cron expression or a cron
+    alias, or its time zone is unknown."""
 
     default_message = "invalid schedule spec"
 
     def __init__(self, spec: object, message: str | None = None) -> None:
         self.spec = spec
-        super().__init__(message or f"invalid schedule spec {spec!r}: expected '@every <n><s|m|h|d>'")
+        super().__init__(
+            message or f"invalid schedule spec {spec!r}: expected '@every <n><s|m|h|d>', "
+            "a 5-field cron expression or @hourly/@daily/@weekly/@monthly/@yearly"
+        )
 
 
 class PayloadError(AlkstoreError, ValueError):
@@ -95,3 +99,10 @@ class DatabaseError(AlkstoreError):
     def __init__(self, message: str | None = None, orig: BaseException | None = None) -> None:
         self.orig = orig
         super().__init__(message)
+
+
+class MissingExtra(AlkstoreError, ImportError):
+    """An optional part of the library needs a package that is not installed; the message
+    names the extra that installs it (``pip install 'alkstore-sa[EXTRA]'``)."""
+
+    default_message = "an optional dependency is not installed"

@@ -14,7 +14,8 @@ class Job:
     """A job as stored: live (``pending``/``processing``) or ``dead``.
 
     Durations are float seconds; timestamps are timezone-aware UTC datetimes.
-    ``last_error`` and ``died_at`` are set for dead jobs only.
+    ``last_error`` and ``died_at`` are set for dead jobs only. ``unique_key`` is the key the
+    job was enqueued with (SPEC §14); a dead job keeps it as history without holding it.
     """
 
     id: int
@@ -36,6 +37,7 @@ class Job:
     errors: list[dict[str, Any]] = field(default_factory=list)
     last_error: str | None = None
     died_at: datetime | None = None
+    unique_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,13 @@ class LockInfo:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A registered ``@every`` schedule and the next boundary it will fire."""
+    """A registered schedule and the next boundary it will fire. ``interval`` is the seconds
+    between ``@every`` boundaries (None for a cron spec); ``tz`` is the IANA zone a cron spec
+    is evaluated in (SPEC §14)."""
 
     name: str
     spec: str
-    interval: float
+    interval: float | None
     queue: str
     payload: Any
     priority: int
@@ -86,6 +90,7 @@ class Schedule:
     next_fire_at: datetime
     created_at: datetime
     updated_at: datetime
+    tz: str = "UTC"
 
 
 @dataclass(frozen=True)
@@ -96,3 +101,15 @@ class Event:
     offset: int
     payload: Any
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A queue's settings (SPEC §14), shared by every process: ``paused`` hands out
+    nothing; ``concurrency`` caps the jobs holding a live claim at once; ``rate_limit`` caps
+    the jobs handed out in any ``rate_per`` seconds. ``None`` means no limit."""
+
+    paused: bool = False
+    concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_per: float | None = None

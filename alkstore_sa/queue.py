@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from . import _limits
 from . import _validate as v
 from ._backoff import backoff_delay
 from ._rows import FIELD, NO_PAYLOAD, claim_order_key, job_from_row
 from .errors import HandleConsumed, InvalidOptions
-from .model import Job, QueueStats, SweepResult
+from .model import Job, QueueSettings, QueueStats, SweepResult
 from .schema import JOB_FIELDS
 
 if TYPE_CHECKING:
@@ -58,9 +59,11 @@ def enqueue_params(
     priority: int,
     max_attempts: int | None,
     expires: v.Duration | None,
+    unique_key: str | None = None,
 ) -> dict[str, Any]:
-    """Validate the per-call options and resolve them over the stamps (no SQL yet)."""
-    return {
+    """Validate the per-call options and resolve them over the stamps (no SQL yet). A
+    ``unique_key`` makes the backend's enqueue the unique form (SPEC §14)."""
+    params = {
         "queue": queue,
         "delay": v.optional_duration(delay, "delay"),
         "run_at": None if run_at is None else v.aware_datetime(run_at, "run_at"),
@@ -73,6 +76,10 @@ def enqueue_params(
         "now": store.now(),
         "wake": store.backend.wake_key(queue),
     }
+    key = v.unique_key(unique_key)
+    if key is not None:
+        params["unique_key"] = key
+    return params
 
 
 def encode_all(store: Store | _DefaultStore, payloads: Iterable[Any]) -> list[str]:
@@ -103,12 +110,15 @@ class Queue:
         priority: int = 0,
         max_attempts: int | None = None,
         expires: v.Duration | None = None,
+        unique_key: str | None = None,
     ) -> int:
-        """Enqueue one job in its own transaction (one statement); returns its id."""
+        """Enqueue one job in its own transaction (one statement); returns its id. While a
+        live job of this queue holds ``unique_key``, nothing is written and that job's id is
+        returned (SPEC §14)."""
         self.store._check_open()
         params = enqueue_params(
             self.store, self.name, self.opts, delay=delay, run_at=run_at, priority=priority,
-            max_attempts=max_attempts, expires=expires,
+            max_attempts=max_attempts, expires=expires, unique_key=unique_key,
         )
         params["payload"] = v.encode_payload(payload, self.store.max_payload_bytes)
         with self.store.executor() as ex:
@@ -145,7 +155,9 @@ class Queue:
         return handles[0] if handles else None
 
     def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
-        """Claim up to ``n`` jobs (never more), in claim order; ``n <= 0`` claims nothing."""
+        """Claim up to ``n`` jobs (never more), in claim order; ``n <= 0`` claims nothing.
+        The queue's settings may hand out fewer: none while paused, at most what its
+        concurrency and rate limits leave room for."""
         self.store._check_open()
         worker_id = v.worker_id(worker_id)
         if isinstance(n, bool) or not isinstance(n, int):
@@ -156,10 +168,38 @@ class Queue:
         # Retried once after a disconnect: if the lost first attempt did commit, its claims
         # are unknown to the caller and lapse after the visibility timeout (an attempt is
         # spent) — exactly what the caller's own retry of a failed claim would cause.
+        # A queue with settings (paused, limits) hands out at most what they leave room for.
         with self.store.executor(retry=True) as ex:
-            rows = self.store.backend.claim(ex, params)
+            rows = _limits.claim_rows(self, ex, params)
         rows.sort(key=claim_order_key)
         return [JobHandle(self, r) for r in rows]
+
+    # -- settings (SPEC §14: stored in the database, shared by every process) --------------
+
+    def pause(self) -> QueueSettings:
+        """Hand out nothing until ``resume()``; enqueues still land and claimed jobs finish."""
+        return _limits.update(self, *_limits.change_params(paused=True))
+
+    def resume(self) -> QueueSettings:
+        """Undo ``pause()``, waking the queue's idle workers."""
+        return _limits.update(self, *_limits.change_params(paused=False))
+
+    def set_concurrency(self, limit: int | None) -> QueueSettings:
+        """At most ``limit`` jobs of this queue under a live claim at once, across every
+        process (None: no limit). Claims already live are not revoked by a lower limit."""
+        return _limits.update(self, *_limits.change_params(concurrency=limit))
+
+    def set_rate_limit(self, limit: int | None, per: v.Duration | None = None) -> QueueSettings:
+        """At most ``limit`` jobs handed out in any window of ``per`` seconds, across every
+        process (None: no limit)."""
+        return _limits.update(self, *_limits.change_params(rate_limit=limit, per=per))
+
+    def settings(self) -> QueueSettings:
+        """This queue's settings as stored (no row: not paused, no limits)."""
+        self.store._check_open()
+        with self.store.executor(retry=True) as ex:  # a read
+            row = self.store.backend.queue_settings_get(ex, {"queue": self.name})
+        return _limits.settings_from_row(row)
 
     # -- other operations ------------------------------------------------------------------
 
@@ -225,7 +265,9 @@ class Queue:
 
     def requeue_dead(self, job_id: int) -> int | None:
         """Move a dead job of this queue back as a fresh job (new id, this handle's stamps,
-        the dead job's payload and priority), in one transaction; None if there is none."""
+        the dead job's payload, priority and unique key), in one transaction; None if there
+        is none. When a live job holds the dead job's key, nothing is written (the dead row
+        stays) and the live job's id is returned, as an enqueue with that key would."""
         self.store._check_open()
         job_id = v.job_id(job_id)
         if not v.in_int64(job_id):

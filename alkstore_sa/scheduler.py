@@ -1,12 +1,20 @@
-"""The scheduler (SPEC §7): ``@every`` schedules firing into queues, run by one elected
-leader at a time.
+"""The scheduler (SPEC §7, §14): ``@every`` and cron schedules firing into queues, run by
+one elected leader at a time.
 
-Boundaries are the multiples of the interval since the Unix epoch (``@every 1h`` fires at
-the top of each hour, UTC). A tick fires each due schedule in its own transaction: the
-boundary advance (an UPDATE that row-locks the schedule and checks the boundary it read)
-and the enqueue of the fires commit together, so a crash mid-tick refires and a second
-ticker cannot double-fire. Missed boundaries replay one by one, at most 64 per schedule
-per tick, then the schedule skips forward to the next boundary after now.
+``@every`` boundaries are the multiples of the interval since the Unix epoch (``@every 1h``
+fires at the top of each hour, UTC); cron boundaries are the fire instants of the
+expression in the schedule's zone (``cron.py``). A tick fires each due schedule in its own
+transaction: the boundary advance (an UPDATE that row-locks the schedule and checks the
+boundary it read) and the enqueue of the fires commit together, so a crash mid-tick refires
+and a second ticker cannot double-fire. Missed boundaries replay one by one, at most 64 per
+schedule per tick, then the schedule skips forward to the next boundary after now.
+
+Older runners: a cron row stores ``interval = CRON_INTERVAL`` (not a real interval: the
+last second of year 9999). A runner of a version without cron reads only ``interval`` and
+``next_fire_at``: it fires a due cron row once, on its boundary, with its stamps, then
+advances it by "one interval" to exactly that instant, parking it. A current runner finds
+parked rows (``next_fire_at = interval = CRON_INTERVAL``) as due and moves them to their
+next boundary after now without firing: nothing fires twice or off its boundary.
 """
 
 from __future__ import annotations
@@ -17,10 +25,11 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
+from . import cron
 from ._retry import Backoff, Outage
 from ._rows import ts
 from .errors import AlkstoreError, InvalidSpec
@@ -39,6 +48,10 @@ MAX_CATCHUP = 64
 SCHEDULE_RETRY = (0.5, 60.0)
 _SPEC = re.compile(r"@every ([0-9]+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The stored ``interval`` of a cron row, and where an older runner parks one it fired (see
+# the module docstring): over MAX_DURATION, so no ``@every`` row has it, and not a whole
+# minute, so no cron boundary is it.
+CRON_INTERVAL = 253402300799.0  # 9999-12-31T23:59:59Z
 
 
 def parse_spec(spec: object) -> int:
@@ -54,6 +67,37 @@ def parse_spec(spec: object) -> int:
     return seconds
 
 
+@dataclass(frozen=True)
+class Timing:
+    """A schedule's boundaries: every ``interval`` seconds since the epoch, or the fire
+    instants of ``cron`` in ``zone``."""
+
+    spec: object
+    interval: int | None
+    cron: cron.Cron | None
+    zone: tzinfo
+
+    def after(self, t: float) -> float:
+        """The first boundary strictly after ``t``."""
+        if self.cron is None:
+            assert self.interval is not None
+            return next_boundary(t, self.interval)
+        try:
+            return cron.next_fire(self.cron, self.zone, t)
+        except (ValueError, OverflowError) as exc:  # past year 9999
+            raise InvalidSpec(self.spec, f"schedule spec {self.spec!r} has no boundary after {t}: {exc}") from None
+
+
+def timing(spec: object, tz: object = "UTC") -> Timing:
+    """The boundaries of ``spec`` in zone ``tz``; InvalidSpec (``.spec`` = ``spec``) for a bad
+    spec or an unknown zone (checked for ``@every`` too, where it changes nothing)."""
+    zone = cron.zone(spec, tz)
+    if cron.is_cron(spec):
+        assert isinstance(spec, str)
+        return Timing(spec, None, cron.parse(spec), zone)
+    return Timing(spec, parse_spec(spec), None, zone)
+
+
 def next_boundary(now: float, interval: float) -> float:
     """The first boundary strictly after ``now``."""
     return (math.floor(now / interval) + 1) * interval
@@ -67,12 +111,26 @@ def fires_due(next_fire_at: float, now: float, interval: float) -> int:
 
 
 def schedule_from_row(row: tuple[Any, ...]) -> Schedule:
-    name, spec, interval, queue, payload, priority, max_attempts, expires, next_fire, created, updated = row
+    name, spec, interval, queue, payload, priority, max_attempts, expires, next_fire, created, updated, tz = row
     return Schedule(
-        name=name, spec=spec, interval=float(interval), queue=queue, payload=v.decode_payload(payload),
-        priority=priority, max_attempts=max_attempts, expires=None if expires is None else float(expires),
-        next_fire_at=ts(next_fire), created_at=ts(created), updated_at=ts(updated),  # type: ignore[arg-type]
+        name=name, spec=spec, interval=None if interval == CRON_INTERVAL else float(interval), queue=queue,
+        payload=v.decode_payload(payload), priority=priority, max_attempts=max_attempts,
+        expires=None if expires is None else float(expires), next_fire_at=ts(next_fire),  # type: ignore[arg-type]
+        created_at=ts(created), updated_at=ts(updated), tz=tz,  # type: ignore[arg-type]
     )
+
+
+def _cron_fires(when: Timing, old: float, now: float) -> tuple[int, float, bool]:
+    """(fires, next boundary, whether boundaries beyond the cap were skipped) for a cron
+    schedule due at ``old``: its boundaries up to ``now`` one by one, at most MAX_CATCHUP,
+    then the first boundary after ``now``."""
+    count, nxt = 0, old
+    while nxt <= now and count < MAX_CATCHUP:
+        count += 1
+        nxt = when.after(nxt)
+    if nxt <= now:
+        return count, when.after(now), True
+    return count, nxt, False
 
 
 @dataclass
@@ -102,14 +160,17 @@ class Scheduler:
         priority: int = 0,
         max_attempts: int | None = None,
         expires: v.Duration | None = None,
+        tz: str = "UTC",
     ) -> None:
-        """Create or update the schedule ``name`` (an unchanged interval keeps its next boundary)."""
+        """Create or update the schedule ``name``. An unchanged ``@every`` interval keeps its
+        next boundary, and so does an unchanged cron spec in an unchanged zone."""
         self.store._check_open()
         name = v.name(name, "schedule name")
-        interval = parse_spec(spec)
+        when = timing(spec, tz)
         queue = v.name(queue, "queue name")
         params = {
-            "name": name, "spec": spec, "interval": float(interval), "queue": queue,
+            "name": name, "spec": spec, "queue": queue, "tz": tz, "cron_interval": CRON_INTERVAL,
+            "interval": CRON_INTERVAL if when.interval is None else float(when.interval),
             "payload": v.encode_payload(payload, self.store.max_payload_bytes),
             "priority": v.int32(priority, "priority"),
             "max_attempts": None if max_attempts is None else v.max_attempts(max_attempts),
@@ -118,7 +179,7 @@ class Scheduler:
         with self.store.executor() as ex:
             now = self.store.backend.read_now(ex, self.store.now())
             params["now"] = now
-            params["next_fire_at"] = next_boundary(now, interval)
+            params["next_fire_at"] = when.after(now)
             self.store.backend.schedule_upsert(ex, params)
 
     def unschedule(self, name: str) -> bool:
@@ -147,7 +208,7 @@ class Scheduler:
         backend = self.store.backend
         with self.store.executor() as ex:
             now = backend.read_now(ex, self.store.now())
-            rows = backend.schedule_list(ex, {"now": now}, due=True)
+            rows = backend.schedule_list(ex, {"now": now, "cron_interval": CRON_INTERVAL}, due=True)
         fired = 0
         due = set()
         for row in rows:
@@ -179,7 +240,14 @@ class Scheduler:
         return fired
 
     def _fire(self, ex: Any, sched: Schedule, old: float, now: float) -> int:
-        count = min(fires_due(old, now, sched.interval), MAX_CATCHUP)
+        if sched.interval is not None:
+            count = min(fires_due(old, now, sched.interval), MAX_CATCHUP)
+            nxt = next_boundary(now, sched.interval)
+            skipped = fires_due(old, now, sched.interval) - count
+        elif old == CRON_INTERVAL:
+            return self._unpark(ex, sched, now)
+        else:
+            count, nxt, skipped = _cron_fires(timing(sched.spec, sched.tz), old, now)
         if count == 0:
             return 0
         backend = self.store.backend
@@ -188,16 +256,29 @@ class Scheduler:
             max_attempts=sched.max_attempts, expires=sched.expires,
         )
         payload = v.encode_payload(sched.payload, self.store.max_payload_bytes)
-        nxt = next_boundary(now, sched.interval)
         with ex.transaction():
             if not backend.schedule_advance(ex, {"name": sched.name, "old": old, "next": nxt}):
                 return 0  # another ticker fired these boundaries
             backend.enqueue_many(ex, params, [payload] * count)
-        skipped = fires_due(old, now, sched.interval) - count
         if skipped:
-            log.warning("schedule %r: %d missed boundaries beyond the catch-up cap were skipped", sched.name, skipped)
+            log.warning(
+                "schedule %r: %s missed boundaries beyond the catch-up cap were skipped", sched.name,
+                skipped if sched.interval is not None else "its",  # cron: counting them could take long
+            )
         log.debug("schedule %r fired %d time(s) into %r", sched.name, count, sched.queue)
         return count
+
+    def _unpark(self, ex: Any, sched: Schedule, now: float) -> int:
+        """A cron row an older runner fired and parked (module docstring): its fired boundary
+        is done, later ones are unknown; resume at the next boundary after now."""
+        nxt = timing(sched.spec, sched.tz).after(now)
+        with ex.transaction():
+            if self.store.backend.schedule_advance(ex, {"name": sched.name, "old": CRON_INTERVAL, "next": nxt}):
+                log.warning(
+                    "schedule %r was fired by an older alkstore runner, which cannot compute cron "
+                    "boundaries; it resumes at %s", sched.name, ts(nxt),
+                )
+        return 0
 
     def _seconds_to_next_fire(self) -> float | None:
         """Seconds until the next boundary, or None when there are no schedules; a schedule

@@ -48,6 +48,8 @@ jobs = sa.Table(
     sa.Column("id", _Id, primary_key=True, autoincrement=True),
     sa.Column("state", sa.Text, nullable=False),
     *_stamp_columns(),
+    # Step 2: a live job's unique key (SPEC §14): at most one live job per (queue, key).
+    sa.Column("unique_key", sa.Text, nullable=True),
     sa.CheckConstraint("state IN ('pending', 'processing')", name="alkstore_jobs_state_ck"),
     sqlite_autoincrement=True,  # ids are never reused: get_job is id-global
 )
@@ -70,6 +72,16 @@ sa.Index(
     postgresql_where=sa.text("state = 'processing'"),
     sqlite_where=sa.text("state = 'processing'"),
 )
+# Unique jobs: only live rows hold a key (dead storage keeps it as history, unindexed), so
+# an ack, cancel or move to dead frees it; an enqueue of a held key conflicts here.
+sa.Index(
+    "alkstore_jobs_unique_ix",
+    jobs.c.queue,
+    jobs.c.unique_key,
+    unique=True,
+    postgresql_where=sa.text("unique_key IS NOT NULL"),
+    sqlite_where=sa.text("unique_key IS NOT NULL"),
+)
 # sweep_expired: rows of one queue with an expiry, in expiry order.
 sa.Index(
     "alkstore_jobs_expires_ix",
@@ -87,6 +99,7 @@ dead_jobs = sa.Table(
     *_stamp_columns(),
     sa.Column("last_error", sa.Text, nullable=False),
     sa.Column("died_at", sa.Double, nullable=False),
+    sa.Column("unique_key", sa.Text, nullable=True),  # step 2: history only, holds nothing
 )
 sa.Index("alkstore_dead_jobs_queue_ix", dead_jobs.c.queue, dead_jobs.c.id)
 sa.Index(
@@ -137,8 +150,38 @@ schedules = sa.Table(
     sa.Column("next_fire_at", sa.Double, nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+    # Step 2: the IANA zone cron specs are evaluated in; a server default, so v1 code that
+    # inserts schedules without it keeps working.
+    sa.Column("tz", sa.Text, nullable=False, server_default="UTC"),
 )
 sa.Index("alkstore_schedules_due_ix", schedules.c.next_fire_at)
+
+# Step 2, queue settings (SPEC §14): explicit operator state per queue; a queue without a
+# row has no settings.
+queue_settings = sa.Table(
+    "alkstore_queue_settings",
+    metadata,
+    sa.Column("queue", sa.Text, primary_key=True),
+    sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("concurrency", sa.Integer, nullable=True),
+    sa.Column("rate_limit", sa.Integer, nullable=True),
+    sa.Column("rate_per", sa.Double, nullable=True),
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+# The claim log of rate-limited queues only: one row per claim that handed out jobs (how
+# many, and the queue's running total including them), pruned by the claims themselves
+# once older than the queue's window. The jobs in a window are the newest total minus the
+# total before the window's first claim: two index probes, whatever the window holds.
+queue_claims = sa.Table(
+    "alkstore_queue_claims",
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("queue", sa.Text, nullable=False),
+    sa.Column("claimed_at", sa.Double, nullable=False),
+    sa.Column("jobs", sa.Integer, nullable=False),
+    sa.Column("total", sa.BigInteger, nullable=False),
+)
+sa.Index("alkstore_queue_claims_ix", queue_claims.c.queue, queue_claims.c.claimed_at, queue_claims.c.total)
 
 # Streams: an append-only log per stream name. Offsets come from the stream's counter row,
 # which each publish increments and keeps row-locked until its transaction ends, so
@@ -167,8 +210,9 @@ stream_offsets = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
 )
 
-JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns())
-"""Column order of every job row read by the backends (state and dead-only fields follow)."""
+JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns()) + ("unique_key",)
+"""Column order of every job row read by the backends (state and dead-only fields follow);
+the columns live and dead storage share, so a move to dead copies exactly these."""
 
 
 def metadata_for(schema: str | None) -> sa.MetaData:

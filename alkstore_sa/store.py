@@ -19,19 +19,21 @@ from sqlalchemy.pool import NullPool
 from . import _registry
 from . import _validate as v
 from ._backends import Backend, backend_for
-from ._conn import Lease, SessionExecutor
+from ._conn import Lease, SessionExecutor, session_executor
 from ._connections import ConnectionCache, orphan
 from ._registry import DEFAULT_MAX_PAYLOAD
 from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, transactional
 from ._registry import store_for as store_for
 from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
-from ._urls import engine_from_url
+from ._urls import engine_from_url, sqlite_path
 from .errors import InvalidOptions, StoreClosed
-from .model import Job, QueueStats, Schedule
+from .model import Job, QueueSettings, QueueStats, Schedule
 from .schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from .locks import Lock
     from .notify import Subscription
     from .outbox import Outbox
@@ -50,11 +52,13 @@ class Store:
     returning epoch seconds becomes the single time source (read once per operation).
     Constructing a Store registers it for its engine, so ``alk.enqueue(session, ...)`` on a
     session bound to that engine uses this store's schema, clock and payload limit.
+    Given an AsyncEngine, or an Engine of another PostgreSQL driver than psycopg 3, the store
+    runs its own operations on an engine it makes from the same URL (SPEC §13).
     """
 
     def __init__(
         self,
-        engine_or_url: Engine | str | URL,
+        engine_or_url: Engine | AsyncEngine | str | URL,
         *,
         schema: str = DEFAULT_SCHEMA,
         clock: Clock | None = None,
@@ -67,19 +71,18 @@ class Store:
             raise InvalidOptions("clock must be None or a zero-argument callable returning epoch seconds")
         if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
             raise InvalidOptions("max_payload_bytes must be a positive int")
-        if isinstance(engine_or_url, (str, URL)):
-            engine = engine_from_url(engine_or_url)  # postgres:// etc. mean psycopg 3 (SPEC §4)
-            self._owns_engine = True
-        elif isinstance(engine_or_url, Engine):
-            engine = engine_or_url
-            self._owns_engine = False
-        else:
-            raise InvalidOptions("Store needs a SQLAlchemy Engine or a database URL")
+        engine, self._owns_engine, app_engine = _own_engine(engine_or_url)
         self.engine: Engine = engine
         self.schema = schema
         self.clock = clock
         self.max_payload_bytes = max_payload_bytes
         self.backend: Backend = backend_for(engine.dialect.name, schema)
+        if app_engine is not None:
+            try:
+                self.backend.for_dialect(app_engine.dialect)  # an unsupported driver fails here
+            except InvalidOptions:
+                engine.dispose()  # the store's own: made above, never used
+                raise
         if self.backend.name == "sqlite":
             configure_sqlite_engine(engine)
         self._listen_engine, self._owns_listen_engine = self._listener_engine(listen_url)
@@ -89,9 +92,15 @@ class Store:
         self._hub_lock = threading.Lock()
         self._closed = False
         self._schema_checked = False
+        # queues this process found to have settings (SPEC §14): their claims go straight
+        # to the limited path; a hint only (both claim paths check the database)
+        self._limited_queues: set[str] = set()
         # engines register()ed besides our own: held weakly, as the registry holds them
         self._extra_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
         _registry.register(self, engine)
+        if app_engine is not None:  # the application's engine serves the transactional forms
+            _registry.register(self, app_engine)
+            self._extra_engines.add(_registry.root_engine(app_engine))
 
     def _listener_engine(self, listen_url: Engine | str | URL | None) -> tuple[Engine | None, bool]:
         """Where the PostgreSQL listener connects when not through ``engine`` (a direct
@@ -147,12 +156,13 @@ class Store:
 
     def register(self, engine: Any) -> None:
         """Also serve ``alk.enqueue(session, ...)`` and the other transactional functions
-        on sessions bound to ``engine`` — another Engine on the same database, or an
-        ``AsyncEngine`` (call them through ``await session.run_sync(alk.enqueue, ...)``)."""
+        on sessions bound to ``engine`` — another Engine on the same database (any supported
+        driver), or an ``AsyncEngine`` (for ``await alk.aenqueue(async_session, ...)``)."""
         self._check_open()
         sync_engine = getattr(engine, "sync_engine", engine)
         if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
             raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
+        self.backend.for_dialect(sync_engine.dialect)  # an unsupported driver fails here
         _registry.register(self, sync_engine)
         self._extra_engines.add(_registry.root_engine(sync_engine))
 
@@ -224,11 +234,13 @@ class Store:
         priority: int = 0,
         max_attempts: int | None = None,
         expires: v.Duration | None = None,
+        tz: str = "UTC",
     ) -> None:
         """Create or update (by name) a schedule firing ``payload`` into ``queue`` at every
-        boundary of ``spec`` (``@every <n><s|m|h|d>``)."""
+        boundary of ``spec``: ``@every <n><s|m|h|d>``, a 5-field cron expression or an
+        ``@hourly``… alias, evaluated in the IANA zone ``tz`` (SPEC §14)."""
         self._scheduler().schedule(
-            name, spec, queue, payload, priority=priority, max_attempts=max_attempts, expires=expires
+            name, spec, queue, payload, priority=priority, max_attempts=max_attempts, expires=expires, tz=tz
         )
 
     def unschedule(self, name: str) -> bool:
@@ -277,6 +289,15 @@ class Store:
                 self._hub = self.backend.create_hub(self.engine, self._listen_engine)
                 self._hub_pid = os.getpid()
             return self._hub
+
+    def queue_settings(self) -> dict[str, QueueSettings]:
+        """The settings of every queue that has any (paused, or a limit), by name."""
+        from ._limits import settings_from_row
+
+        self._check_open()
+        with self.executor(retry=True) as ex:  # a read
+            rows = self.backend.queue_settings_all(ex, {})
+        return {name: settings_from_row(tuple(rest)) for name, *rest in rows}
 
     def queue_stats(self) -> dict[str, QueueStats]:
         """Stats of every queue that has live or dead jobs, by name (one grouped pass over
@@ -348,5 +369,38 @@ class Store:
         return Lease(self._conns, retry)
 
     def session_executor(self, conn: Connection) -> SessionExecutor:
+        """An executor on the caller's connection, with the backend compiled for its driver."""
         self._check_open()
-        return SessionExecutor(conn, self.backend)
+        return session_executor(conn, self.backend.for_dialect(conn.dialect))
+
+
+def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
+    """The engine the store's own operations run on, whether the store made it (and so
+    disposes it at close), and the application's engine when that is another one.
+
+    The store's own connections speak psycopg 3 (PostgreSQL) or sqlite3 synchronously. An
+    Engine of those is used as it is; for an AsyncEngine, or a PostgreSQL Engine of another
+    driver (psycopg2), the store makes its own engine on the same database from the URL —
+    and registers the application's engine for the transactional forms (SPEC §13).
+    """
+    if isinstance(given, (str, URL)):
+        return engine_from_url(given), True, None  # postgres:// etc. mean psycopg 3 (SPEC §4)
+    app = getattr(given, "sync_engine", given)  # an AsyncEngine's synchronous facade
+    if not isinstance(app, Engine):
+        raise InvalidOptions("Store needs a SQLAlchemy Engine, an AsyncEngine or a database URL")
+    if not app.dialect.is_async and (app.dialect.name != "postgresql" or app.dialect.driver == "psycopg"):
+        return app, False, None
+    if app.dialect.name == "sqlite" and sqlite_path(app.url) is None:
+        raise InvalidOptions(
+            "an in-memory SQLite database is private to its connection: the store cannot reach "
+            "it from its own (synchronous) engine; use a database file"
+        )
+    try:
+        own = engine_from_url(app.url)
+    except InvalidOptions as exc:
+        raise InvalidOptions(
+            f"{exc}. The store runs its own operations through a synchronous driver (psycopg 3 "
+            f"or sqlite3) on a URL made from the engine's; make that engine yourself and "
+            f"register the application's: Store(create_engine(...)).register(engine)"
+        ) from None
+    return own, True, app

@@ -23,7 +23,7 @@ from . import _validate as v
 from .errors import AlkstoreError, InvalidOptions, InvalidSpec, PayloadError
 from .queue import Queue, QueueOpts
 from .store import Store, store_for
-from .transactional import connection_of
+from .transactional import connection_of, is_async_session, run_in_async_transaction
 from .transactional import enqueue as enqueue_in_transaction
 
 P = ParamSpec("P")
@@ -62,6 +62,7 @@ class _PerCall:
     priority: int | None = None
     max_attempts: int | None = None
     expires: v.Duration | None = None
+    unique_key: str | None = None
 
 
 class TaskCall(Generic[P]):
@@ -83,6 +84,7 @@ class TaskCall(Generic[P]):
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         expires: v.Duration | None = None,
+        unique_key: str | None = None,
     ) -> TaskCall[P]:
         """A new TaskCall with these options over this one's (``None`` keeps the current
         value). Invalid options raise here, not at enqueue."""
@@ -95,9 +97,10 @@ class TaskCall(Generic[P]):
         if max_attempts is not None:
             v.max_attempts(max_attempts)
         v.optional_duration(expires, "expires", inclusive=False)
+        v.unique_key(unique_key)
         given: dict[str, Any] = {
             "delay": delay, "run_at": run_at, "priority": priority,
-            "max_attempts": max_attempts, "expires": expires,
+            "max_attempts": max_attempts, "expires": expires, "unique_key": unique_key,
         }
         changes = {k: x for k, x in given.items() if x is not None}
         return TaskCall(self.task, replace(self.options, **changes))
@@ -114,7 +117,7 @@ class TaskCall(Generic[P]):
         o = self.options
         options: dict[str, Any] = {
             "delay": o.delay, "run_at": o.run_at, "max_attempts": o.max_attempts, "expires": o.expires,
-            "priority": task.priority if o.priority is None else o.priority,
+            "priority": task.priority if o.priority is None else o.priority, "unique_key": o.unique_key,
         }
         try:
             if own:
@@ -128,20 +131,19 @@ class TaskCall(Generic[P]):
         """Enqueue a call of the task in an async caller's transaction (AsyncSession,
         async_scoped_session or AsyncConnection; never committed here), or through a Store in
         a worker thread (its own transaction)."""
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
-
-        if isinstance(session, async_scoped_session):
-            session = session()  # the AsyncSession of the current scope
-        if isinstance(session, (AsyncSession, AsyncConnection)):
-            # run_sync hands the sync facade of the same transaction to the one implementation
-            return cast(int, await session.run_sync(lambda sync: self.enqueue(sync, *args, **kwargs)))
         if isinstance(session, Store):
             return await asyncio.to_thread(self.enqueue, session, *args, **kwargs)
         if isinstance(session, (Session, scoped_session, Connection)):
             raise InvalidOptions(
                 f"a {type(session).__name__} is synchronous: use task.enqueue(session, ...) without await"
             )
-        raise InvalidOptions(f"aenqueue() takes {_ACCEPTED_ASYNC}, got {type(session).__name__}")
+        if not is_async_session(session):
+            raise InvalidOptions(f"aenqueue() takes {_ACCEPTED_ASYNC}, got {type(session).__name__}")
+        # the native path of alk.aenqueue: the sync form runs on the caller's async connection,
+        # its statements compiled for that connection's driver (asyncpg, aiosqlite, psycopg)
+        return await run_in_async_transaction(
+            session, "enqueue", lambda sync: self.enqueue(sync, *args, **kwargs)
+        )
 
 
 class Task(Generic[P, R]):
@@ -192,11 +194,14 @@ class Task(Generic[P, R]):
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         expires: v.Duration | None = None,
+        unique_key: str | None = None,
     ) -> TaskCall[P]:
         """Per-call options (§5.2) for the next enqueues; returns a new object, the task is
-        unchanged. ``priority`` overrides the task's; ``max_attempts`` its stamp."""
+        unchanged. ``priority`` overrides the task's; ``max_attempts`` its stamp;
+        ``unique_key`` makes each enqueue yield to a live job holding that key (§14)."""
         return self._plain.using(
-            delay=delay, priority=priority, run_at=run_at, max_attempts=max_attempts, expires=expires
+            delay=delay, priority=priority, run_at=run_at, max_attempts=max_attempts, expires=expires,
+            unique_key=unique_key,
         )
 
     def _payload(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,19 @@
 """The caller's-transaction forms: write or read in the caller's Session, scoped_session or
-Connection. They never commit: a job becomes visible at the caller's commit, and a
-rollback leaves no trace."""
+Connection — or, the ``a``-functions, in an AsyncSession, async_scoped_session or
+AsyncConnection. They never commit: a job becomes visible at the caller's commit, and a
+rollback leaves no trace.
+
+One implementation serves both: an ``a``-function runs the sync one on the caller's async
+connection through ``run_sync`` (SQLAlchemy's bridge: the statements go through the
+caller's async driver, in its transaction), and every statement is compiled for the driver
+of the connection it runs on (``Backend.for_dialect``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, scoped_session
@@ -18,29 +25,66 @@ from .model import Job
 from .queue import DEFAULT_OPTS, Queue, encode_all, enqueue_params
 from .store import Store, _DefaultStore, store_for
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
 SessionLike = Union[Session, "scoped_session[Any]", Connection]
+AsyncSessionLike = Union["AsyncSession", "async_scoped_session[Any]", "AsyncConnection"]
+T = TypeVar("T")
 
 
-def connection_of(session: SessionLike) -> Connection:
-    """The Connection carrying the caller's transaction (begun if it was not yet)."""
+def connection_of(session: SessionLike, function: str = "enqueue") -> Connection:
+    """The Connection carrying the caller's transaction (begun if it was not yet).
+    ``function`` names the caller's function in the error for a wrong argument."""
     if isinstance(session, Connection):
         return session
     if isinstance(session, (Session, scoped_session)):
         return session.connection()
+    if is_async_session(session):
+        raise InvalidOptions(
+            f"alk.{function} got an {type(session).__name__}: use `await alk.a{function}(...)`"
+        )
     raise InvalidOptions(
-        f"expected a Session, scoped_session or Connection, got {type(session).__name__}"
+        f"alk.{function} expected a Session, scoped_session or Connection, got {type(session).__name__}"
+    )
+
+
+def is_async_session(session: object) -> bool:
+    """Whether ``session`` is one of SQLAlchemy's asyncio objects (imported only here: the
+    asyncio extension is not needed by a synchronous application)."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
+    return isinstance(session, (AsyncSession, AsyncConnection, async_scoped_session))
+
+
+async def run_in_async_transaction(session: AsyncSessionLike, function: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """Run the sync form ``fn`` in the async caller's transaction: ``run_sync`` hands it the
+    synchronous facade (Session or Connection) of that same transaction."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
+    if isinstance(session, async_scoped_session):
+        session = session()  # the AsyncSession of the current scope
+    if isinstance(session, (AsyncSession, AsyncConnection)):
+        return await session.run_sync(fn, *args, **kw)
+    if isinstance(session, (Session, scoped_session, Connection)):
+        raise InvalidOptions(
+            f"alk.a{function} got a {type(session).__name__}: use `alk.{function}(...)` (no await)"
+        )
+    raise InvalidOptions(
+        f"alk.a{function} expected an AsyncSession, async_scoped_session or AsyncConnection, "
+        f"got {type(session).__name__}"
     )
 
 
 def _target(
-    session: SessionLike, queue: str | Queue, *, allow_reserved: bool = False
+    session: SessionLike, queue: str | Queue, function: str, *, allow_reserved: bool = False
 ) -> tuple[Connection, Store | _DefaultStore, str, Any]:
     if isinstance(queue, Queue):
         queue.store._check_open()
-        conn = connection_of(session)
+        conn = connection_of(session, function)
         return conn, queue.store, queue.name, queue.opts
     name = v.name(queue, "queue name", allow_reserved=allow_reserved)
-    conn = connection_of(session)
+    conn = connection_of(session, function)
     return conn, store_for(conn), name, DEFAULT_OPTS
 
 
@@ -54,18 +98,23 @@ def enqueue(
     priority: int = 0,
     max_attempts: int | None = None,
     expires: v.Duration | None = None,
+    unique_key: str | None = None,
 ) -> int:
     """Enqueue one job in the caller's transaction; returns its id. Never commits.
 
-    A queue name stamps the default options; a Queue handle stamps its own.
+    A queue name stamps the default options; a Queue handle stamps its own. While a live
+    job of the queue holds ``unique_key`` (one committed, or earlier in this transaction),
+    nothing is written and that job's id is returned; one held by another open transaction
+    makes this wait until that transaction ends (SPEC §14).
     """
-    conn, store, name, opts = _target(session, queue)
+    conn, store, name, opts = _target(session, queue, "enqueue")
     params = enqueue_params(
         store, name, opts, delay=delay, run_at=run_at, priority=priority,
-        max_attempts=max_attempts, expires=expires,
+        max_attempts=max_attempts, expires=expires, unique_key=unique_key,
     )
     params["payload"] = v.encode_payload(payload, store.max_payload_bytes)
-    return store.backend.enqueue(store.session_executor(conn), params)
+    ex = store.session_executor(conn)
+    return ex.backend.enqueue(ex, params)
 
 
 def enqueue_many(
@@ -80,7 +129,7 @@ def enqueue_many(
     expires: v.Duration | None = None,
 ) -> list[int]:
     """Enqueue many jobs in the caller's transaction (one statement); ids in payload order."""
-    conn, store, name, opts = _target(session, queue)
+    conn, store, name, opts = _target(session, queue, "enqueue_many")
     params = enqueue_params(
         store, name, opts, delay=delay, run_at=run_at, priority=priority,
         max_attempts=max_attempts, expires=expires,
@@ -88,16 +137,18 @@ def enqueue_many(
     texts = encode_all(store, payloads)
     if not texts:
         return []
-    return store.backend.enqueue_many(store.session_executor(conn), params, texts)
+    ex = store.session_executor(conn)
+    return ex.backend.enqueue_many(ex, params, texts)
 
 
 def get_job(session: SessionLike, queue: str | Queue, job_id: int) -> Job | None:
     """Read a job of this queue (live or dead) in the caller's transaction."""
-    conn, store, name, _ = _target(session, queue, allow_reserved=True)
+    conn, store, name, _ = _target(session, queue, "get_job", allow_reserved=True)
     job_id = v.job_id(job_id)
     if not v.in_int64(job_id):
         return None
-    row = store.backend.get_job(store.session_executor(conn), {"id": job_id, "queue": name}, by_queue=True)
+    ex = store.session_executor(conn)
+    row = ex.backend.get_job(ex, {"id": job_id, "queue": name}, by_queue=True)
     return None if row is None else job_from_row(row)
 
 
@@ -106,10 +157,11 @@ def notify(session: SessionLike, channel: str, payload: str = "") -> None:
     from .notify import notify_params
 
     params = notify_params(channel, payload)
-    conn = connection_of(session)
+    conn = connection_of(session, "notify")
     store = store_for(conn)
     params["now"] = store.now()
-    store.backend.notify(store.session_executor(conn), params)
+    ex = store.session_executor(conn)
+    ex.backend.notify(ex, params)
 
 
 def outbox_enqueue(session: SessionLike, outbox: str, payload: Any) -> int:
@@ -117,13 +169,14 @@ def outbox_enqueue(session: SessionLike, outbox: str, payload: Any) -> int:
     from .outbox import OUTBOX_OPTS, backing_queue_name
 
     name = backing_queue_name(v.name(outbox, "outbox name"))
-    conn = connection_of(session)
+    conn = connection_of(session, "outbox_enqueue")
     store = store_for(conn)
     params = enqueue_params(
         store, name, OUTBOX_OPTS, delay=None, run_at=None, priority=0, max_attempts=None, expires=None
     )
     params["payload"] = v.encode_payload(payload, store.max_payload_bytes)
-    return store.backend.enqueue(store.session_executor(conn), params)
+    ex = store.session_executor(conn)
+    return ex.backend.enqueue(ex, params)
 
 
 def publish(session: SessionLike, stream: str, payload: Any) -> int:
@@ -131,7 +184,69 @@ def publish(session: SessionLike, stream: str, payload: Any) -> int:
     stream's counter stays locked until the caller's transaction ends (offsets commit in
     order), so keep such transactions short."""
     name = v.name(stream, "stream name")
-    conn = connection_of(session)
+    conn = connection_of(session, "publish")
     store = store_for(conn)
     params = {"stream": name, "payload": v.encode_payload(payload, store.max_payload_bytes), "now": store.now()}
-    return store.backend.stream_publish(store.session_executor(conn), params)
+    ex = store.session_executor(conn)
+    return ex.backend.stream_publish(ex, params)
+
+
+# -- the async forms (SPEC §13): the same functions, in an async caller's transaction -------
+
+
+async def aenqueue(
+    session: AsyncSessionLike,
+    queue: str | Queue,
+    payload: Any,
+    *,
+    delay: v.Duration | None = None,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    expires: v.Duration | None = None,
+    unique_key: str | None = None,
+) -> int:
+    """``enqueue`` in an AsyncSession / async_scoped_session / AsyncConnection's transaction;
+    returns the job id (a live holder's, for a held ``unique_key``). Never commits."""
+    return await run_in_async_transaction(
+        session, "enqueue", enqueue, queue, payload, delay=delay, run_at=run_at,
+        priority=priority, max_attempts=max_attempts, expires=expires, unique_key=unique_key,
+    )
+
+
+async def aenqueue_many(
+    session: AsyncSessionLike,
+    queue: str | Queue,
+    payloads: Iterable[Any],
+    *,
+    delay: v.Duration | None = None,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    expires: v.Duration | None = None,
+) -> list[int]:
+    """``enqueue_many`` in an async caller's transaction; ids in payload order."""
+    return await run_in_async_transaction(
+        session, "enqueue_many", enqueue_many, queue, payloads, delay=delay, run_at=run_at,
+        priority=priority, max_attempts=max_attempts, expires=expires,
+    )
+
+
+async def aget_job(session: AsyncSessionLike, queue: str | Queue, job_id: int) -> Job | None:
+    """``get_job`` in an async caller's transaction."""
+    return await run_in_async_transaction(session, "get_job", get_job, queue, job_id)
+
+
+async def anotify(session: AsyncSessionLike, channel: str, payload: str = "") -> None:
+    """``notify`` in an async caller's transaction: delivered only if it commits."""
+    await run_in_async_transaction(session, "notify", notify, channel, payload)
+
+
+async def aoutbox_enqueue(session: AsyncSessionLike, outbox: str, payload: Any) -> int:
+    """``outbox_enqueue`` in an async caller's transaction; returns the message id."""
+    return await run_in_async_transaction(session, "outbox_enqueue", outbox_enqueue, outbox, payload)
+
+
+async def apublish(session: AsyncSessionLike, stream: str, payload: Any) -> int:
+    """``publish`` in an async caller's transaction; returns the event's offset."""
+    return await run_in_async_transaction(session, "publish", publish, stream, payload)

@@ -28,22 +28,24 @@ SIZES: dict[str, dict[str, int]] = {
     "sqlite": {
         "enqueue_one": 15_000, "enqueue_session": 8_000, "enqueue_many": 80_000,
         "drain_batch": 80_000, "drain_one": 8_000, "drain_4proc": 40_000,
+        "drain_4proc_concurrency": 40_000, "drain_4proc_rate": 40_000,
     },
     "postgresql": {
         "enqueue_one": 3_000, "enqueue_session": 2_000, "enqueue_many": 30_000,
         "enqueue_many_copy": 30_000, "drain_batch": 30_000, "drain_one": 2_000,
-        "drain_4proc": 20_000,
+        "drain_4proc": 20_000, "drain_4proc_concurrency": 20_000, "drain_4proc_rate": 20_000,
     },
 }
 QUICK_SIZES: dict[str, dict[str, int]] = {
     "sqlite": {
         "enqueue_one": 300, "enqueue_session": 200, "enqueue_many": 2_000,
         "drain_batch": 2_000, "drain_one": 200, "drain_4proc": 1_000,
+        "drain_4proc_concurrency": 1_000, "drain_4proc_rate": 1_000,
     },
     "postgresql": {
         "enqueue_one": 200, "enqueue_session": 100, "enqueue_many": 2_000,
         "enqueue_many_copy": 2_000, "drain_batch": 2_000, "drain_one": 200,
-        "drain_4proc": 1_000,
+        "drain_4proc": 1_000, "drain_4proc_concurrency": 1_000, "drain_4proc_rate": 1_000,
     },
 }
 SCALING = {"sizes": (10_000, 100_000, 1_000_000), "drain_jobs": {"sqlite": 20_000, "postgresql": 10_000}}
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     pool: ProcPool | None = None
     try:
-        if only is None or "drain_4proc" in only:
+        if only is None or any(not w.interleave for w in WORKLOADS if w.key in only):  # a process pool
             pool = ProcPool(4)
         for kind in engines:
             try:

@@ -16,6 +16,11 @@ from benchmarks.floor import QUEUE, WORKER, Floor, Steps
 
 SESSION_QUEUE = "bench-session"
 PROC_BATCH = 10  # rows per claim for the 4-process drain (the issue's 4-consumer floor)
+# Limits that never bind (4 processes x 10 hold at most 40 claims; about 20,000 claims a
+# second at most): the limited drains measure what the limited claim path costs, not the
+# limit itself (a binding limit's throughput is the limit).
+LIMITED_CONCURRENCY = 100
+LIMITED_RATE = (1_000_000_000, 1.0)
 
 
 def payloads(n: int, start: int = 0) -> list[dict[str, Any]]:
@@ -138,6 +143,23 @@ class Alk:
         return Steps(step)
 
 
+    def drain_procs_limited(self, items: Sequence[Any], run_pool: Callable[[dict[str, Any]], tuple[int, float]],
+                            batch: int, limit: str) -> Steps:
+        """``drain_procs`` on a queue with a concurrency or a rate limit (SPEC §14) that never
+        binds: every claim takes the limited path (settings lock, counts, rate log)."""
+        steps = self.drain_procs(items, run_pool, batch)
+        if limit == "concurrency":
+            self.q.set_concurrency(LIMITED_CONCURRENCY)
+        else:
+            self.q.set_rate_limit(LIMITED_RATE[0], per=LIMITED_RATE[1])
+
+        def clear() -> None:  # the other workloads drain this queue unlimited
+            self.q.set_concurrency(None)
+            self.q.set_rate_limit(None)
+
+        return Steps(steps.step, clear)
+
+
 Side = Callable[[Sequence[Any]], Steps]
 
 
@@ -198,6 +220,22 @@ WORKLOADS: tuple[Workload, ...] = (
         lambda a, pool: partial(a.drain_procs, run_pool=pool.run, batch=PROC_BATCH),
         lambda f, pool: partial(f.drain_procs, run_pool=pool.run, batch=PROC_BATCH),
         f"same floor (claim of {PROC_BATCH} + delete), 4 processes",
+        interleave=False,
+    ),
+    Workload(
+        "drain_4proc_concurrency",
+        f"drain, 4 consumer processes, concurrency-limited queue (limit {LIMITED_CONCURRENCY}, never reached)",
+        lambda a, pool: partial(a.drain_procs_limited, run_pool=pool.run, batch=PROC_BATCH, limit="concurrency"),
+        lambda f, pool: partial(f.drain_procs, run_pool=pool.run, batch=PROC_BATCH),
+        f"the unlimited floor (claim of {PROC_BATCH} + delete), 4 processes",
+        interleave=False,
+    ),
+    Workload(
+        "drain_4proc_rate",
+        "drain, 4 consumer processes, rate-limited queue (limit never reached)",
+        lambda a, pool: partial(a.drain_procs_limited, run_pool=pool.run, batch=PROC_BATCH, limit="rate"),
+        lambda f, pool: partial(f.drain_procs, run_pool=pool.run, batch=PROC_BATCH),
+        f"the unlimited floor (claim of {PROC_BATCH} + delete), 4 processes",
         interleave=False,
     ),
 )

@@ -1,6 +1,7 @@
 """Run every operation of a store once, on the database's own clock: the queue (enqueue,
 claims, every handle transition, reclaim and exhausted bury, batch acks, cancel, reads,
-dead-letter requeue, sweep, stats, next due), the transactional forms, the outbox,
+dead-letter requeue, sweep, stats, next due), queue settings and limited claims, the
+transactional forms, the outbox,
 notify/listen, streams, locks, schedules (firing one) and a burst worker.
 
 Used where the question is "can this store do everything?": a DML-only runtime role
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
+from alkstore_sa._gauges import read_gauges
 from alkstore_sa.scheduler import Scheduler
 from tests.support import wait_for
 
@@ -26,6 +28,7 @@ def run_every_operation(store: alk.Store) -> None:
     """Every public operation (and the internal next-due read the worker makes) once."""
     tag = uuid.uuid4().hex[:8]
     _queue_ops(store, f"q-{tag}")
+    _settings_ops(store, f"set-{tag}")
     _transactional_ops(store, f"tx-{tag}")
     _notify_ops(store, f"ch-{tag}")
     _stream_ops(store, f"s-{tag}")
@@ -58,7 +61,10 @@ def _queue_ops(store: alk.Store, name: str) -> None:
     assert stats.pending == 0 and stats.processing == 0
     q.enqueue({"n": 4})
     assert store.queue_stats()[name].pending == 1
+    assert read_gauges(store)[name].ready == 1  # the metrics scrape's one statement
     assert q.claim_one("w1").ack() is True  # type: ignore[union-attr]
+    held = q.enqueue({"n": 5}, unique_key="k")  # unique jobs: the insert, then the held path
+    assert q.enqueue({"n": 6}, unique_key="k") == held and q.cancel(held) is True
 
     # a lapsed claim is reclaimed; with its attempts used up it goes dead before the claim
     short = store.queue(name + "-short", visibility_timeout=0.01, max_attempts=1, dead_letter_retention=0)
@@ -87,6 +93,27 @@ def _queue_ops(store: alk.Store, name: str) -> None:
     assert expiring.sweep_expired().purged == 1
     with store.executor() as ex:
         store.backend.next_due(ex, {"queue": name, "now": store.now()})
+
+
+def _settings_ops(store: alk.Store, name: str) -> None:
+    """Queue settings (SPEC §14): pause, limits, the limited claim and its rate log, the
+    worker's limit read, and back to no settings."""
+    from alkstore_sa._limits import limit_wait
+
+    q = store.queue(name)
+    q.enqueue_many([{"s": i} for i in range(4)])
+    assert q.pause().paused is True
+    assert q.claim_one("w1") is None
+    assert q.resume().paused is False
+    assert q.set_concurrency(2).concurrency == 2
+    assert q.set_rate_limit(3, per=60).rate_limit == 3
+    assert len(q.claim_batch("w1", 4)) == 2
+    assert limit_wait(store, name) is not None  # the concurrency limit is full
+    assert store.queue_settings()[name] == q.settings()
+    assert q.set_concurrency(None).concurrency is None
+    assert q.set_rate_limit(None).rate_limit is None
+    assert name not in store.queue_settings()
+    assert len(q.claim_batch("w1", 4)) == 2
 
 
 def _transactional_ops(store: alk.Store, name: str) -> None:

@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SQLITE_WORKLOADS = {"enqueue_one", "enqueue_session", "enqueue_many", "drain_batch", "drain_one", "drain_4proc"}
+SQLITE_WORKLOADS = {
+    "enqueue_one", "enqueue_session", "enqueue_many", "drain_batch", "drain_one", "drain_4proc",
+    "drain_4proc_concurrency", "drain_4proc_rate",
+}
 
 
 def _positive(x: object) -> bool:

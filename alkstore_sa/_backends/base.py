@@ -6,15 +6,17 @@ differs."""
 from __future__ import annotations
 
 from .core import Core
+from .gauge_ops import GaugeOps
 from .inspect_ops import InspectOps
 from .lease_ops import LeaseOps
 from .queue_ops import QueueOps
 from .schedule_ops import ScheduleOps
+from .settings_ops import SettingsOps
 from .sql import Executor
 from .stream_ops import StreamOps
 
 
-class Backend(QueueOps, InspectOps, LeaseOps, ScheduleOps, StreamOps, Core):
+class Backend(QueueOps, InspectOps, GaugeOps, LeaseOps, ScheduleOps, SettingsOps, StreamOps, Core):
     """Every operation of one engine; the engines subclass it."""
 
 

@@ -2,9 +2,11 @@
 statement compiler and its cache, error translation, and the shared predicates.
 
 Statements are SQLAlchemy Core expressions, compiled once per backend (dialect + schema)
-into driver SQL and cached; operations then run that SQL on an Executor, which is either
-one of the store's own driver connections (autocommit, so a single-statement operation is
-one round trip) or the caller's SQLAlchemy Connection (the caller's transaction)."""
+and driver (placeholder style and bind casts) into driver SQL and cached; operations then
+run that SQL on an Executor, which is either one of the store's own driver connections
+(autocommit, so a single-statement operation is one round trip) or the caller's SQLAlchemy
+Connection (the caller's transaction, on whatever driver the caller's engine uses: the
+backend of that driver is a sibling of the store's, see ``for_dialect``)."""
 
 from __future__ import annotations
 
@@ -25,17 +27,55 @@ class Core(abc.ABC):
     operation module builds on."""
 
     name: ClassVar[str]
+    # the driver of the store's own connections, and so of the SQL compiled by default
+    default_driver: ClassVar[str]
 
-    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(self, schema: str = DEFAULT_SCHEMA, driver: str | None = None) -> None:
         self.schema = schema
+        self.driver = driver or self.default_driver
         self._sql: dict[str, str] = {}
+        # positional drivers (asyncpg's $1): the parameter names of each compiled text, in order
+        self._positions: dict[str, tuple[str, ...]] = {}
         self.dialect = self.compile_dialect()
+        self.positional: bool = self.dialect.positional
+        # this backend and its siblings for other drivers, shared by all of them
+        self._siblings: dict[str, Core] = {self.driver: self}
+        # a caller's dialect class -> the member of the family compiling for it (the fast
+        # path of for_dialect, which every transactional call takes)
+        self._by_dialect_class: dict[type, Core] = {}
 
     # -- hooks -----------------------------------------------------------------------------
 
     @abc.abstractmethod
     def compile_dialect(self) -> Dialect:
-        """The dialect statements are compiled for (the driver's parameter style)."""
+        """The dialect statements are compiled for: ``self.driver``'s parameter style."""
+
+    @abc.abstractmethod
+    def driver_of(self, dialect: Dialect) -> str:
+        """Which compiled SQL a caller's connection of this SQLAlchemy dialect takes (the
+        drivers that share a placeholder style and casts share one); InvalidOptions for a
+        driver the library does not support."""
+
+    def for_dialect(self, dialect: Dialect) -> Any:
+        """This backend, or its sibling compiling for the driver of ``dialect``: same schema
+        and statements, another compile cache. A caller's connection may use another driver
+        than the store's own connections (asyncpg, psycopg2): its SQL must be compiled for it."""
+        found = self._by_dialect_class.get(type(dialect))
+        if found is not None:
+            return found
+        driver = self.driver_of(dialect)
+        sibling = self._siblings.get(driver)
+        if sibling is None:
+            sibling = type(self)(self.schema, driver)
+            sibling._siblings = self._siblings  # one family: any member finds the others
+            # a race may build two: either one is correct, the first stored is kept
+            sibling = self._siblings.setdefault(driver, sibling)
+        self._by_dialect_class[type(dialect)] = sibling
+        return sibling
+
+    def positions(self, sql: str) -> tuple[str, ...]:
+        """The parameter names of a positional driver's compiled ``sql``, in order."""
+        return self._positions[sql]
 
     @abc.abstractmethod
     def target_schema(self) -> str:
@@ -68,6 +108,10 @@ class Core(abc.ABC):
     @abc.abstractmethod
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
         """Undo ``prepare_connection`` before the connection goes back to the engine's pool."""
+
+    # Whether a failed statement leaves the transaction it ran in unusable (PostgreSQL
+    # aborts it; SQLite carries on): then the caller's commit must be made to fail.
+    failure_aborts_transaction: ClassVar[bool] = False
 
     # A write transaction on one of the store's own (autocommit) connections.
     BEGIN = "BEGIN"
@@ -127,10 +171,10 @@ class Core(abc.ABC):
     # -- compilation -----------------------------------------------------------------------
 
     def sql(self, key: str, build: Callable[[], Any]) -> str:
-        """Driver SQL for a statement, compiled once per backend and reused."""
+        """Driver SQL for a statement, compiled once per backend (and driver) and reused."""
         text = self._sql.get(key)
         if text is None:
-            compiled = build().compile(
+            compiled: Any = build().compile(
                 dialect=self.dialect,
                 schema_translate_map={DEFAULT_SCHEMA: self.target_schema()},
                 render_schema_translate=True,
@@ -138,7 +182,12 @@ class Core(abc.ABC):
             anonymous = [b.key for b in compiled.binds.values() if b.unique]
             if anonymous:  # a literal became an anonymous parameter the executor never passes
                 raise AssertionError(f"statement {key!r} has anonymous parameters {anonymous}")
-            self._sql[key] = text = compiled.string
+            text = compiled.string
+            if self.positional:
+                # $n markers: the executor passes the values in this order (each name once:
+                # a parameter used twice is one $n)
+                self._positions[text] = tuple(compiled.positiontup)
+            self._sql[key] = text
         return text
 
     def translate_error(self, exc: BaseException) -> BaseException:

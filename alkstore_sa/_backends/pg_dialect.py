@@ -1,5 +1,6 @@
-"""The dialect the PostgreSQL backend compiles its statements with: psycopg's, with every
-built-in the SQL names resolved in ``pg_catalog`` whatever the session's ``search_path``.
+"""The dialects the PostgreSQL backend compiles its statements with, one per driver
+(psycopg 3, psycopg2, asyncpg: each has its own placeholder style and bind casts), all with
+every built-in the SQL names resolved in ``pg_catalog`` whatever the session's ``search_path``.
 
 PostgreSQL resolves unqualified function names, operators and type names through the
 session's ``search_path``. When ``pg_catalog`` is not first in it (``attacker,pg_catalog``),
@@ -26,8 +27,11 @@ import re
 from typing import Any
 
 from sqlalchemy import exc
-from sqlalchemy.dialects.postgresql.base import PGTypeCompiler
+from sqlalchemy.dialects.postgresql.asyncpg import PGCompiler_asyncpg, PGDialect_asyncpg
+from sqlalchemy.dialects.postgresql.base import PGCompiler, PGTypeCompiler
 from sqlalchemy.dialects.postgresql.psycopg import PGCompiler_psycopg, PGDialect_psycopg
+from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
+from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import elements, operators, selectable
 
 CATALOG = "pg_catalog"
@@ -53,8 +57,9 @@ def _symbol(op: Any) -> str | None:
     return _SYMBOLS.get(op)
 
 
-class CatalogCompiler(PGCompiler_psycopg):
-    """psycopg's statement compiler, resolving every built-in in ``pg_catalog``."""
+class CatalogCompilerMixin(PGCompiler):
+    """A PostgreSQL statement compiler resolving every built-in in ``pg_catalog``: mixed
+    into each driver's compiler, so every placeholder style gets the same qualification."""
 
     def visit_function(self, func: Any, add_to_result_map: Any = None, **kw: Any) -> str:
         kw.pop(_OPERAND, None)  # the argument list brackets its own operands
@@ -137,8 +142,60 @@ class CatalogTypeCompiler(PGTypeCompiler):
         return f"{CATALOG}.jsonb"
 
 
+class CatalogCompiler(CatalogCompilerMixin, PGCompiler_psycopg):
+    """psycopg 3's compiler (``%(name)s``, bind casts), resolving built-ins in pg_catalog."""
+
+
+class CatalogCompiler_psycopg2(CatalogCompilerMixin, PGCompiler):
+    """psycopg2's compiler (``%(name)s``, no bind casts), resolving built-ins in pg_catalog."""
+
+
+class CatalogCompiler_asyncpg(CatalogCompilerMixin, PGCompiler_asyncpg):
+    """asyncpg's compiler (``$1`` positional, bind casts), resolving built-ins in pg_catalog."""
+
+
 class CatalogDialect(PGDialect_psycopg):
-    """psycopg's dialect with the compilers above (used to compile, never to connect)."""
+    """psycopg 3's dialect with the compilers above (used to compile, never to connect)."""
 
     statement_compiler = CatalogCompiler
     type_compiler_cls = CatalogTypeCompiler
+
+
+class CatalogDialect_psycopg2(PGDialect_psycopg2):
+    """psycopg2's dialect with the compilers above (used to compile, never to connect)."""
+
+    statement_compiler = CatalogCompiler_psycopg2
+    type_compiler_cls = CatalogTypeCompiler
+
+
+class CatalogDialect_asyncpg(PGDialect_asyncpg):
+    """asyncpg's dialect with the compilers above (used to compile, never to connect)."""
+
+    statement_compiler = CatalogCompiler_asyncpg
+    type_compiler_cls = CatalogTypeCompiler
+
+
+# the compile dialect of each driver the backend runs statements through
+CATALOG_DIALECTS: dict[str, type[Dialect]] = {
+    "psycopg": CatalogDialect,
+    "psycopg2": CatalogDialect_psycopg2,
+    "asyncpg": CatalogDialect_asyncpg,
+}
+_DRIVER_BASES: tuple[tuple[type[Dialect], str], ...] = (
+    (PGDialect_psycopg, "psycopg"),  # and its async variant: the same SQL
+    (PGDialect_psycopg2, "psycopg2"),  # and its subclasses (psycopg2cffi)
+    (PGDialect_asyncpg, "asyncpg"),
+)
+_driver_by_class: dict[type[Dialect], str | None] = {}
+
+
+def driver_of_dialect(dialect: Dialect) -> str | None:
+    """Which compile dialect serves a caller's SQLAlchemy dialect (None: no supported one).
+    Remembered per dialect class: this is on the path of every transactional call."""
+    cls = type(dialect)
+    try:
+        return _driver_by_class[cls]
+    except KeyError:
+        driver = next((name for base, name in _DRIVER_BASES if issubclass(cls, base)), None)
+        _driver_by_class[cls] = driver
+        return driver

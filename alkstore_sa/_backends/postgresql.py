@@ -1,5 +1,7 @@
-"""PostgreSQL (psycopg 3): SKIP LOCKED claims, and every live/dead move as ONE statement
-(data-modifying CTEs), so each is atomic and one round trip on an autocommit connection."""
+"""PostgreSQL: SKIP LOCKED claims, and every live/dead move as ONE statement (data-modifying
+CTEs), so each is atomic and one round trip on an autocommit connection. The store's own
+connections are psycopg 3; a caller's connection may also be psycopg2 or asyncpg, whose SQL
+is compiled with their own dialect (``driver_of``)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
-from ..schema import JOB_FIELDS, dead_jobs, jobs, stream_events
+from ..errors import InvalidOptions
+from ..schema import JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
 from .base import Backend
-from .pg_dialect import CatalogDialect
-from .sql import EXHAUSTED_SQL, EXPIRED_SQL, Executor, bp
+from .pg_dialect import CATALOG_DIALECTS, driver_of_dialect
+from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, Executor, bp
 
 # sqlstates: undefined_table, invalid_schema_name
 _MISSING = {"42P01", "3F000"}
@@ -80,11 +83,22 @@ def _check_directness(dbapi_conn: Any) -> bool:
 
 class PostgresBackend(Backend):
     name = "postgresql"
+    default_driver = "psycopg"
+    failure_aborts_transaction = True
 
     def compile_dialect(self) -> Dialect:
-        # psycopg's, with every function, operator and type name resolved in pg_catalog
-        # (a hostile search_path cannot substitute its own): see pg_dialect
-        return CatalogDialect()
+        # the driver's own, with every function, operator and type name resolved in
+        # pg_catalog (a hostile search_path cannot substitute its own): see pg_dialect
+        return CATALOG_DIALECTS[self.driver]()
+
+    def driver_of(self, dialect: Dialect) -> str:
+        driver = driver_of_dialect(dialect)
+        if driver is None:
+            raise InvalidOptions(
+                f"alkstore_sa runs in your transaction on PostgreSQL through psycopg (3), psycopg2 "
+                f"or asyncpg, not {dialect.driver!r}: use one of those in your engine's URL"
+            )
+        return driver
 
     def target_schema(self) -> str:
         return self.schema
@@ -99,7 +113,8 @@ class PostgresBackend(Backend):
         )
 
     def is_missing_table(self, exc: BaseException) -> bool:
-        return getattr(exc, "sqlstate", None) in _MISSING
+        # psycopg (and SQLAlchemy's asyncpg adapter) name it sqlstate, psycopg2 pgcode
+        return (getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)) in _MISSING
 
     def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
         entry = sa.func.jsonb_build_object(
@@ -188,6 +203,22 @@ class PostgresBackend(Backend):
         )
         ex.rows(sql, {"channel": self.channel_key(params["channel"]), "payload": params["payload"]})
 
+    def log_claims(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        # prune and record in one statement: one round trip less while the limited claim
+        # holds its queue's settings lock
+        def build() -> sa.Executable:
+            return self._claims_log().add_cte(self._claims_prune().cte("pruned"))
+
+        ex.rowcount(self.sql("claims_log", build), params)
+
+    def queue_wake(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        # the queue's wake channel, as an enqueue sends it: delivered at commit
+        sql = self.sql(
+            "queue_wake",
+            lambda: sa.select(sa.func.pg_notify(bp("wake", sa.Text), sa.literal_column("''"))),
+        )
+        ex.rows(sql, {"wake": self.wake_key(params["queue"])})
+
     def _with_wake(self, insert: Any) -> sa.Executable:
         # pg_notify in the enqueue's own statement: one round trip, delivered exactly when
         # the enqueue commits (PostgreSQL folds duplicate wakes within a transaction).
@@ -199,6 +230,26 @@ class PostgresBackend(Backend):
             "wake",
         )
         return sa.select(*ins.c).select_from(ins.join(wake, sa.true()))
+
+    def _unique_insert(self) -> sa.Executable:
+        # One round trip for either outcome: the insert; its wake only when it inserted (a
+        # duplicate makes no new work, so nobody is woken); and when the key was held, the
+        # holder's id as this statement's snapshot sees it (none when the holder committed
+        # after that snapshot: enqueue_unique reads again with a fresh one).
+        ins = super()._unique_insert().cte("ins")  # type: ignore[attr-defined]
+        wake = _materialized(
+            sa.select(
+                sa.func.pg_notify(bp("wake", sa.Text), sa.literal_column("''")).is_(None).label("w")
+            ).select_from(ins),
+            "wake",
+        )
+        inserted = sa.select(ins.c.id, ins.c.inserted).select_from(ins.join(wake, sa.true()))
+        holder = sa.select(jobs.c.id, sa.false().label("inserted")).where(
+            jobs.c.queue == bp("queue", sa.Text),
+            jobs.c.unique_key == bp("unique_key", sa.Text),
+            ~sa.exists(sa.select(ins.c.id)),
+        )
+        return sa.union_all(inserted, holder)
 
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
         def build() -> sa.Executable:
@@ -214,50 +265,62 @@ class PostgresBackend(Backend):
         return sorted(r[0] for r in rows)
 
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        def build() -> sa.Executable:
-            # The scans read an alias, and the statement's one clock reading is written
-            # once (a CTE the nine uses read): psycopg caches its parse of a query only up
-            # to 4 KiB, and schema-qualified column names and the pg_catalog-qualified
-            # clock expression at every use would push the claim past that.
-            j = jobs.alias("j")
-            clock = sa.select(self.now().label("t")).cte("clock")
-            now = sa.select(clock.c.t).scalar_subquery()
-            # 1. exhausted reclaimables move to dead in the same statement as the claim
-            exhausted = _materialized(
-                sa.select(j.c.id).where(self._exhausted(j, now)).with_for_update(skip_locked=True),
-                "exhausted",
-            )
-            g: Any = jobs.alias("g")  # an Alias at run time; typed as a NamedFromClause
-            gone = (
-                sa.delete(g)
-                .where(g.c.id.in_(sa.select(exhausted.c.id)))
-                .returning(*[g.c[f] for f in JOB_FIELDS])
-                .cte("gone")
-            )
-            buried = sa.insert(dead_jobs).from_select(
-                self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(gone, EXHAUSTED_SQL, now=now))
-            ).cte("buried")
-            # 2. each candidate scan locks what it takes and skips what others hold
-            pending, lapsed = self._claimable(j, now)
-            pend = _materialized(pending.with_for_update(skip_locked=True), "pend")
-            recl = _materialized(lapsed.with_for_update(skip_locked=True), "recl")
-            both = sa.union_all(sa.select(pend), sa.select(recl)).subquery("cand")
-            picked = _materialized(
-                sa.select(both.c.id)
-                .order_by(both.c.priority.desc(), both.c.run_at, both.c.id)
-                .limit(bp("n", sa.Integer)),
-                "picked",
-            )
-            u: Any = jobs.alias("u")
-            return (
-                sa.update(u)
-                .where(u.c.id == picked.c.id)
-                .values(self._claim_values(u, now))
-                .returning(*[u.c[f] for f in JOB_FIELDS], u.c.state)
-                .add_cte(buried)
-            )
+        return ex.rows(self.sql("claim", lambda: self._claim_statement(guarded=True)), params)
 
-        return ex.rows(self.sql("claim", build), params)
+    def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        return ex.rows(self.sql("claim:limited", lambda: self._claim_statement(guarded=False)), params)
+
+    def _claim_statement(self, *, guarded: bool) -> sa.Executable:
+        """The claim; ``guarded``: it claims (and buries) nothing when the queue has a
+        settings row — such a queue is claimed by ``claim_limited`` under its settings lock."""
+        # The scans read an alias, and the statement's one clock reading is written
+        # once (a CTE the nine uses read): psycopg caches its parse of a query only up
+        # to 4 KiB, and schema-qualified column names and the pg_catalog-qualified
+        # clock expression at every use would push the claim past that.
+        j = jobs.alias("j")
+        clock_q = sa.select(self.now().label("t"))
+        if guarded:
+            # A queue with settings gets no clock reading: every comparison with a NULL
+            # "now" is false, so each scan returns at once and nothing is claimed. One
+            # primary-key probe of a table holding only the queues that have settings.
+            s = queue_settings.alias("s")
+            clock_q = clock_q.where(~sa.select(ONE).where(s.c.queue == bp("queue", sa.Text)).exists())
+        clock = clock_q.cte("clock")
+        now = sa.select(clock.c.t).scalar_subquery()
+        # 1. exhausted reclaimables move to dead in the same statement as the claim
+        exhausted = _materialized(
+            sa.select(j.c.id).where(self._exhausted(j, now)).with_for_update(skip_locked=True),
+            "exhausted",
+        )
+        g: Any = jobs.alias("g")  # an Alias at run time; typed as a NamedFromClause
+        gone = (
+            sa.delete(g)
+            .where(g.c.id.in_(sa.select(exhausted.c.id)))
+            .returning(*[g.c[f] for f in JOB_FIELDS])
+            .cte("gone")
+        )
+        buried = sa.insert(dead_jobs).from_select(
+            self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(gone, EXHAUSTED_SQL, now=now))
+        ).cte("buried")
+        # 2. each candidate scan locks what it takes and skips what others hold
+        pending, lapsed = self._claimable(j, now)
+        pend = _materialized(pending.with_for_update(skip_locked=True), "pend")
+        recl = _materialized(lapsed.with_for_update(skip_locked=True), "recl")
+        both = sa.union_all(sa.select(pend), sa.select(recl)).subquery("cand")
+        picked = _materialized(
+            sa.select(both.c.id)
+            .order_by(both.c.priority.desc(), both.c.run_at, both.c.id)
+            .limit(bp("n", sa.Integer)),
+            "picked",
+        )
+        u: Any = jobs.alias("u")
+        return (
+            sa.update(u)
+            .where(u.c.id == picked.c.id)
+            .values(self._claim_values(u, now))
+            .returning(*[u.c[f] for f in JOB_FIELDS], u.c.state)
+            .add_cte(buried)
+        )
 
     def bury(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         def build() -> sa.Executable:

@@ -8,6 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..errors import DatabaseError
 from ..schema import dead_jobs, jobs
 from .core import Core
 from .sql import (
@@ -21,6 +22,19 @@ from .sql import (
     Executor,
     bp,
 )
+
+# A unique enqueue that finds the key held, and then no holder, ran between the holder's
+# insert and its removal; each round is a fresh attempt, and this many in a row means
+# something keeps enqueueing and acking that key faster than one statement runs.
+UNIQUE_ROUNDS = 50
+
+
+class _KeyHeld(Exception):
+    """Internal: ends a requeue's transaction (undoing its take) when a live job holds the
+    dead job's key; never leaves this module."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
 
 
 class QueueOps(Core):
@@ -52,6 +66,8 @@ class QueueOps(Core):
         }
 
     def enqueue(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        if "unique_key" in params:
+            return self.enqueue_unique(ex, params)[0]
         sql = self.sql(
             "enqueue",
             lambda: self._with_wake(
@@ -59,6 +75,47 @@ class QueueOps(Core):
             ),
         )
         return ex.rows(sql, params)[0][0]
+
+    def enqueue_unique(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, bool]:
+        """Enqueue a job holding ``:unique_key`` unless a live job of the queue holds it:
+        ``(id, inserted)`` — the new job's id, or the holder's (nothing written, no wake).
+
+        The partial unique index on live rows decides, so concurrent enqueues of one key
+        make one job; an insert that meets an uncommitted holder waits for its transaction
+        to end. The holder's id is read after the insert conflicted; a holder acked in
+        between is simply gone, and the next round inserts.
+        """
+        insert = self.sql("enqueue:unique", self._unique_insert)
+        held = self.sql(
+            "enqueue:held",
+            lambda: sa.select(jobs.c.id, sa.false().label("inserted")).where(
+                jobs.c.queue == bp("queue", sa.Text), jobs.c.unique_key == bp("unique_key", sa.Text)
+            ),
+        )
+        for _ in range(UNIQUE_ROUNDS):
+            rows = ex.rows(insert, params) or ex.rows(held, params)
+            if rows:
+                return int(rows[0][0]), bool(rows[0][1])
+        raise DatabaseError(
+            f"enqueue with unique_key {params['unique_key']!r}: the key's live job changed "
+            f"{UNIQUE_ROUNDS} times during the enqueue; nothing was written"
+        )
+
+    def _unique_insert(self) -> sa.Executable:
+        """The enqueue INSERT that yields to a live holder of the key: ``(id, true)`` when
+        it inserted, no row when the key is held (PostgreSQL adds the wake and the holder's
+        id to the same statement)."""
+        values = self._enqueue_values(bp("payload", sa.Text))
+        values["unique_key"] = bp("unique_key", sa.Text)
+        return (
+            self.upsert(jobs)
+            .values(values)
+            .on_conflict_do_nothing(
+                index_elements=[jobs.c.queue, jobs.c.unique_key],
+                index_where=jobs.c.unique_key.is_not(None),
+            )
+            .returning(jobs.c.id, sa.true().label("inserted"))
+        )
 
     @abc.abstractmethod
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
@@ -214,20 +271,31 @@ class QueueOps(Core):
         """Delete a dead row and enqueue its payload afresh, in one transaction.
 
         Deleting first (with RETURNING) is what makes two racing requeues of the same dead
-        job produce one new job: only one DELETE gets the row.
+        job produce one new job: only one DELETE gets the row. The new job takes the dead
+        job's unique key; while a live job holds it, the transaction is undone (the dead row
+        stays) and the holder's id is returned.
         """
         take = self.sql(
             "requeue_dead:take",
             lambda: sa.delete(dead_jobs)
             .where(dead_jobs.c.id == bp("id", sa.BigInteger), dead_jobs.c.queue == bp("queue", sa.Text))
-            .returning(dead_jobs.c.payload, dead_jobs.c.priority),
+            .returning(dead_jobs.c.payload, dead_jobs.c.priority, dead_jobs.c.unique_key),
         )
-        with ex.transaction():
-            rows = ex.rows(take, params)
-            if not rows:
-                return None
-            payload, priority = rows[0]
-            return self.enqueue(ex, {**params, "payload": payload, "priority": priority})
+        try:
+            with ex.transaction():
+                rows = ex.rows(take, params)
+                if not rows:
+                    return None
+                payload, priority, key = rows[0]
+                again = {**params, "payload": payload, "priority": priority}
+                if key is None:
+                    return self.enqueue(ex, again)
+                job_id, inserted = self.enqueue_unique(ex, {**again, "unique_key": key})
+                if not inserted:
+                    raise _KeyHeld(job_id)
+                return job_id
+        except _KeyHeld as held:
+            return held.job_id
 
     @abc.abstractmethod
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:

@@ -20,11 +20,12 @@ class ScheduleOps(Core):
     SCHEDULE_COLUMNS = [
         schedules.c.name, schedules.c.spec, schedules.c.interval, schedules.c.queue,
         schedules.c.payload, schedules.c.priority, schedules.c.max_attempts, schedules.c.expires,
-        schedules.c.next_fire_at, schedules.c.created_at, schedules.c.updated_at,
+        schedules.c.next_fire_at, schedules.c.created_at, schedules.c.updated_at, schedules.c.tz,
     ]
 
     def schedule_upsert(self, ex: Executor, params: Mapping[str, Any]) -> None:
-        """Create or update by name; the next boundary is kept unless the interval changed."""
+        """Create or update by name; the next boundary is kept unless the interval changed
+        or, for a cron row (``interval = :cron_interval``), the spec or the zone changed."""
 
         def build() -> sa.Executable:
             ins = self.upsert(schedules).values(
@@ -39,6 +40,7 @@ class ScheduleOps(Core):
                 next_fire_at=bp("next_fire_at", sa.Double),
                 created_at=bp("now", sa.Double),
                 updated_at=bp("now", sa.Double),
+                tz=bp("tz", sa.Text),
             )
             x = ins.excluded
             return ins.on_conflict_do_update(
@@ -46,9 +48,20 @@ class ScheduleOps(Core):
                 set_={
                     "spec": x.spec, "interval": x.interval, "queue": x.queue, "payload": x.payload,
                     "priority": x.priority, "max_attempts": x.max_attempts, "expires": x.expires,
-                    "updated_at": x.updated_at,
+                    "updated_at": x.updated_at, "tz": x.tz,
                     "next_fire_at": sa.case(
-                        (schedules.c.interval == x.interval, schedules.c.next_fire_at),
+                        (
+                            sa.and_(
+                                schedules.c.interval == x.interval,
+                                # @every: the interval alone fixes the boundaries (a zone changes
+                                # nothing); cron: the spec and the zone do
+                                sa.or_(
+                                    x.interval != bp("cron_interval", sa.Double),
+                                    sa.and_(schedules.c.spec == x.spec, schedules.c.tz == x.tz),
+                                ),
+                            ),
+                            schedules.c.next_fire_at,
+                        ),
                         else_=x.next_fire_at,
                     ),
                 },
@@ -63,12 +76,19 @@ class ScheduleOps(Core):
         return ex.rowcount(sql, params) == 1
 
     def schedule_list(self, ex: Executor, params: Mapping[str, Any], *, due: bool) -> list[tuple[Any, ...]]:
-        """All schedules by name, or those whose next boundary is <= ``:now``."""
+        """All schedules by name, or those whose next boundary is <= ``:now`` and the cron rows
+        an older runner parked (``next_fire_at = interval = :cron_interval``, see scheduler.py)."""
 
         def build() -> sa.Executable:
             stmt = sa.select(*self.SCHEDULE_COLUMNS).order_by(schedules.c.name)
             if due:
-                stmt = stmt.where(schedules.c.next_fire_at <= bp("now", sa.Double))
+                parked = bp("cron_interval", sa.Double)
+                stmt = stmt.where(
+                    sa.or_(
+                        schedules.c.next_fire_at <= bp("now", sa.Double),
+                        sa.and_(schedules.c.next_fire_at == parked, schedules.c.interval == parked),
+                    )
+                )
             return stmt
 
         return ex.rows(self.sql(f"schedule_list:{due}", build), params)

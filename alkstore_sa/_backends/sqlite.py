@@ -14,9 +14,9 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
-from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications, stream_events
+from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications, queue_settings, stream_events
 from .base import Backend
-from .sql import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, PROCESSING, ZERO, Executor, bp
+from .sql import EXHAUSTED_SQL, EXPIRED_SQL, LIVE_COLUMNS, ONE, PROCESSING, ZERO, Executor, bp
 
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):
@@ -35,15 +35,25 @@ def _render_no_index(element: _NoIndex, compiler: Any, **kw: Any) -> str:
     return "+" + compiler.process(element.column, **kw)
 
 
+# The notification channel of queue wakes that come without a new job (a resume, a raised
+# limit): its payload is the queue's name. Reserved: user channel names cannot start so.
+QUEUE_WAKE_CHANNEL = "__alkstore_queue_wake"
 NOTIFY_KEEP = 1024  # a watcher more than this many notifications behind loses some
 NOTIFY_PRUNE_EVERY = 64
 
 
 class SQLiteBackend(Backend):
     name = "sqlite"
+    default_driver = "sqlite3"
+    materialize_unswept = True  # see GaugeOps: else a row read per pending job
 
     def compile_dialect(self) -> Dialect:
         return sqlite.pysqlite.dialect(paramstyle="named")
+
+    def driver_of(self, dialect: Dialect) -> str:
+        # pysqlite and aiosqlite both reach sqlite3, which takes named parameters with a
+        # dict whatever paramstyle SQLAlchemy's dialect compiles its own statements with
+        return "sqlite3"
 
     def target_schema(self) -> str:
         return "main"  # the caller's own database file: jobs commit with the caller's rows
@@ -163,6 +173,16 @@ class SQLiteBackend(Backend):
         )
 
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        with ex.transaction():
+            return self._claim_steps(ex, params, guarded=True)
+
+    def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        return self._claim_steps(ex, params, guarded=False)
+
+    def _claim_steps(self, ex: Executor, params: Mapping[str, Any], *, guarded: bool) -> list[tuple[Any, ...]]:
+        """Bury the exhausted reclaimables, then claim (inside the caller's transaction).
+        ``guarded``: the claim takes nothing when the queue has a settings row — such a
+        queue is claimed by ``claim_limited``."""
         bury = self.sql("claim:bury", lambda: self._bury_where(self._exhausted(), EXHAUSTED_SQL))
         drop = self.sql("claim:drop", lambda: sa.delete(jobs).where(self._exhausted()))
 
@@ -171,22 +191,35 @@ class SQLiteBackend(Backend):
             both = sa.union_all(
                 sa.select(pending.subquery("pend")), sa.select(lapsed.subquery("recl"))
             ).subquery("cand")
-            picked = self.limit(
-                sa.select(both.c.id).order_by(both.c.priority.desc(), both.c.run_at, both.c.id), "n"
-            )
+            picked = sa.select(both.c.id).order_by(both.c.priority.desc(), both.c.run_at, both.c.id)
+            if guarded:
+                # a constant condition: SQLite tests it once, before any scan (one
+                # primary-key probe of a table holding only the queues with settings)
+                picked = picked.where(
+                    ~sa.select(ONE).where(queue_settings.c.queue == bp("queue", sa.Text)).exists()
+                )
             return (
                 sa.update(jobs)
-                .where(jobs.c.id.in_(picked))
+                .where(jobs.c.id.in_(self.limit(picked, "n")))
                 .values(self._claim_values())
                 .returning(*LIVE_COLUMNS)
             )
 
-        claim = self.sql("claim", build)
-        with ex.transaction():
-            if ex.rowcount(bury, params):
-                ex.rowcount(drop, params)
-            rows = ex.rows(claim, params)
-        return rows
+        claim = self.sql("claim" if guarded else "claim:limited", build)
+        if ex.rowcount(bury, params):
+            ex.rowcount(drop, params)
+        return ex.rows(claim, params)
+
+    def lock_settings(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        # BEGIN IMMEDIATE took the database's one writer lock: claims are serialized already
+        # (and SQLAlchemy would render FOR UPDATE as nothing here); limit_view finds the row
+        return True
+
+    def queue_wake(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        # The watcher wakes a queue's consumers when it sees a new job of the queue; a
+        # change that lets them claim without a new job says so in a notification row on
+        # a reserved channel, which the watcher turns into the same wake.
+        self.notify(ex, {"channel": QUEUE_WAKE_CHANNEL, "payload": params["queue"], "now": params["now"]})
 
     def bury(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         bury = self.sql(

@@ -24,6 +24,7 @@ from .._conn import RawExecutor
 from .._fanout import Deliver, FanOut, new_selector
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
+from .sqlite import QUEUE_WAKE_CHANNEL
 
 log = logging.getLogger("alkstore_sa")
 
@@ -179,6 +180,8 @@ class SqliteHub:
         )
         rows = self._conn.execute(sql, {"after": self._last_note}).fetchall()
         for note_id, channel, payload in rows:
+            if channel == QUEUE_WAKE_CHANNEL:  # a queue wake without a new job (sqlite.py)
+                self.queues.dispatch(payload, 0, "")
             self.fanout.dispatch(channel, note_id, payload)
         if rows:
             self._last_note = rows[-1][0]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from datetime import datetime
 
-from ..errors import LeadershipLost
+from ..cron import zone
+from ..errors import AlkstoreError, LeadershipLost
+from ..model import Schedule
 from ._common import add_database_options, open_store, stop_on_signals
 
 log = logging.getLogger("alkstore_sa")
@@ -31,17 +34,27 @@ def run_list(args: argparse.Namespace) -> int:
         store.close()
     if args.json:
         print(json.dumps([
-            {"name": s.name, "spec": s.spec, "queue": s.queue, "payload": s.payload,
+            {"name": s.name, "spec": s.spec, "tz": s.tz, "queue": s.queue, "payload": s.payload,
              "priority": s.priority, "max_attempts": s.max_attempts, "expires": s.expires,
-             "next_fire_at": s.next_fire_at.isoformat()}
+             "next_fire_at": s.next_fire_at.isoformat(), "next_fire_local": local_next(s).isoformat()}
             for s in schedules
         ], indent=2))
         return 0
     for s in schedules:
-        print(f"{s.name}\t{s.spec}\t-> {s.queue}\tnext {s.next_fire_at.isoformat(timespec='seconds')}")
+        where = "" if s.tz == "UTC" else f" ({s.tz})"
+        print(f"{s.name}\t{s.spec}\t-> {s.queue}\tnext {local_next(s).isoformat(timespec='seconds')}{where}")
     if not schedules:
         print("(no schedules)")
     return 0
+
+
+def local_next(s: Schedule) -> datetime:
+    """The next fire as the schedule's zone shows it; in UTC when this host does not know
+    the zone, or for a row an older runner parked at the end of year 9999 (docs/scheduler.md)."""
+    try:
+        return s.next_fire_at.astimezone(zone(s.spec, s.tz))
+    except (AlkstoreError, OverflowError, ValueError):
+        return s.next_fire_at
 
 
 def run_runner(args: argparse.Namespace) -> int:

@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--poll-interval", type=float, default=5.0, help="re-poll safety net, seconds")
     p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight jobs get at shutdown")
     p.add_argument("--burst", action="store_true", help="exit once no queue has anything claimable")
+    p.add_argument(
+        "--metrics-port", type=int, default=None, metavar="N",
+        help="serve Prometheus metrics at http://127.0.0.1:N/metrics (needs alkstore-sa[metrics])",
+    )
     add_database_options(p)
     p.set_defaults(func=run)
 
@@ -83,6 +87,30 @@ def _import(module_name: str, spec: str) -> Any:
         ) from exc
 
 
+def _metrics_module(port: int | None) -> Any:
+    """``alkstore_sa.metrics`` when ``--metrics-port`` was given (None otherwise); a
+    UsageError for a bad port or a missing extra, before anything starts."""
+    if port is None:
+        return None
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--metrics-port must be a TCP port between 1 and 65535, got {port}")
+    try:
+        import alkstore_sa.metrics as metrics
+    except ImportError as exc:
+        raise UsageError(
+            "--metrics-port needs prometheus_client: pip install 'alkstore-sa[metrics]'"
+        ) from exc
+    return metrics
+
+
+def _serve_metrics(metrics: Any, store: Any, port: int) -> None:
+    try:
+        metrics.serve(store, port)
+    except OSError as exc:  # e.g. the port is taken: said as the one-line error, exit 1
+        raise OSError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror or exc}") from exc
+    print(f"worker: metrics at http://127.0.0.1:{port}/metrics", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     target = load_handler(args.handler)
     queues: list[str] | None = args.queue
@@ -91,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             f"--queue is required with a handler ({args.handler!r} is a function, not a Tasks registry); "
             "see alkstore worker --help"
         )
+    metrics = _metrics_module(args.metrics_port)
     store = open_store(args)
     stop = stop_on_signals()  # the worker itself then logs what it is finishing
     options: dict[str, Any] = {
@@ -106,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
                 worker = Worker(store, queues, target, **options)
         except InvalidOptions as exc:  # e.g. a --queue with no task in the registry
             raise UsageError(str(exc)) from exc
+        if metrics is not None:
+            _serve_metrics(metrics, store, args.metrics_port)
         worker.run(stop, burst=args.burst)
         print(f"worker: {worker.processed} job(s) done", flush=True)
     finally:

@@ -3,7 +3,7 @@
 The version table is ``alkstore_alembic_version`` (in the alkstore schema on PostgreSQL),
 so it never collides with an application's own ``alembic_version``.
 
-Revision ids carry the compatibility rule (docs/install.md, "Upgrades"): ``alkstore_NNNN``
+Revision ids carry the compatibility rule (docs/install.md, "Upgrading"): ``alkstore_NNNN``
 is schema step NNNN, usable by every library release of step 1 or later (the step is
 additive: new tables, new nullable or defaulted columns, new indexes — statements of older
 releases keep working and keep their meaning); ``alkstore_NNNN_rMMMM`` is step NNNN, usable

@@ -8,7 +8,7 @@ The package's own revisions call these, and so can an application's own Alembic 
 A new step N gets the revision id ``alkstore_000N`` when it is additive (older library
 releases keep working against it: new tables, new nullable or defaulted columns, new
 indexes), and ``alkstore_000N_r000M`` when only releases shipping step M or later may use
-the database (see the package docstring and docs/install.md, "Upgrades"); a later step
+the database (see the package docstring and docs/install.md, "Upgrading"); a later step
 never lowers the M of an earlier one.
 """
 
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-HEAD = 1
+HEAD = 2
 
 
 def _job_columns() -> list[sa.Column]:
@@ -172,8 +172,62 @@ def downgrade_v1(schema: str | None) -> None:
     op.drop_table("alkstore_jobs", schema=schema)
 
 
+def upgrade_v2(schema: str | None) -> None:
+    """Flow control (SPEC §14), additive: unique keys on live jobs (kept on dead rows for
+    history, held only by live ones), a schedule's time zone (server default, so v1 code
+    inserting schedules still works), per-queue settings, and the claim-time log of
+    rate-limited queues."""
+    op.add_column("alkstore_jobs", sa.Column("unique_key", sa.Text, nullable=True), schema=schema)
+    op.create_index(
+        "alkstore_jobs_unique_ix",
+        "alkstore_jobs",
+        ["queue", "unique_key"],
+        unique=True,
+        schema=schema,
+        **_partial("unique_key IS NOT NULL"),
+    )
+    op.add_column("alkstore_dead_jobs", sa.Column("unique_key", sa.Text, nullable=True), schema=schema)
+    op.add_column(
+        "alkstore_schedules",
+        sa.Column("tz", sa.Text, nullable=False, server_default="UTC"),
+        schema=schema,
+    )
+    op.create_table(
+        "alkstore_queue_settings",
+        sa.Column("queue", sa.Text, primary_key=True),
+        sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("concurrency", sa.Integer, nullable=True),
+        sa.Column("rate_limit", sa.Integer, nullable=True),
+        sa.Column("rate_per", sa.Double, nullable=True),
+        sa.Column("updated_at", sa.Double, nullable=False),
+        schema=schema,
+    )
+    op.create_table(
+        "alkstore_queue_claims",
+        sa.Column("id", _ID, primary_key=True, autoincrement=True),
+        sa.Column("queue", sa.Text, nullable=False),
+        sa.Column("claimed_at", sa.Double, nullable=False),
+        sa.Column("jobs", sa.Integer, nullable=False),
+        sa.Column("total", sa.BigInteger, nullable=False),
+        schema=schema,
+    )
+    op.create_index(
+        "alkstore_queue_claims_ix", "alkstore_queue_claims", ["queue", "claimed_at", "total"], schema=schema
+    )
+
+
+def downgrade_v2(schema: str | None) -> None:
+    op.drop_table("alkstore_queue_claims", schema=schema)
+    op.drop_table("alkstore_queue_settings", schema=schema)
+    op.drop_column("alkstore_schedules", "tz", schema=schema)
+    op.drop_column("alkstore_dead_jobs", "unique_key", schema=schema)
+    op.drop_index("alkstore_jobs_unique_ix", table_name="alkstore_jobs", schema=schema)
+    op.drop_column("alkstore_jobs", "unique_key", schema=schema)
+
+
 STEPS: dict[int, tuple[Callable[[str | None], None], Callable[[str | None], None]]] = {
     1: (upgrade_v1, downgrade_v1),
+    2: (upgrade_v2, downgrade_v2),
 }
 
 

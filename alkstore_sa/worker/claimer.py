@@ -19,6 +19,11 @@ How it chooses, each round (docs/worker.md, "Several queues"):
 So a queue with a backlog cannot starve a quiet one: once the quiet one is ready it is
 claimed in the next round that has a free slot, or the one after.
 
+A queue whose settings (SPEC §14) hold its claims back — paused, a full concurrency limit
+or rate window — sleeps by them instead of by its next due job (which would say "now"
+while ready jobs wait): until the rate window frees a place, a claim lapses, one of this
+worker's own jobs of the queue finishes, or a wake (a resume or a changed limit).
+
 An outage is logged once per queue: a WARNING at the first failed claim, DEBUG for the
 ones after it, and an INFO line when claims work again.
 """
@@ -30,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .._limits import limit_wait
 from ..errors import AlkstoreError
 from ..queue import JobHandle, Queue
 from ..stop import StopToken
@@ -91,6 +97,9 @@ class _Source:
         self.due = 0.0  # monotonic time a claim is due anyway (its next due job, or the re-poll)
         self.not_before = 0.0  # monotonic time before which it is not claimed (backoff)
         self.drained = False  # burst: its last claim, made with nothing in flight, found nothing
+        # its concurrency limit (SPEC §14) was full at its last claim: one of our own jobs of
+        # it finishing makes room, so that wakes it (others' acks are seen at the re-poll)
+        self.capped = False
 
     def ready(self, now: float) -> bool:
         return now >= self.not_before and (self.woken or now >= self.due)
@@ -124,11 +133,20 @@ class Claimer:
         self._next = 0  # where the next round's round-robin order starts
 
     def wake(self, queue: str) -> None:
-        """A committed enqueue into ``queue`` (called on the wake hub's thread)."""
+        """A committed enqueue into ``queue``, or a change of its settings (called on the
+        wake hub's thread)."""
         source = self._by_name.get(queue)
         if source is not None:
             source.woken = True
             self._nudge.set()
+
+    def finished(self, queue: str) -> None:
+        """One of this worker's jobs of ``queue`` finished (its outcome recorded): if the
+        queue's concurrency limit held its claims back, there may be room now. The slot
+        freed right after this nudges the loop."""
+        source = self._by_name.get(queue)
+        if source is not None and source.capped:
+            source.woken = True
 
     def run(self, stop: StopToken, burst: bool) -> None:
         """Until ``stop`` (or, with ``burst``, until nothing is claimable and nothing runs)."""
@@ -180,7 +198,7 @@ class Claimer:
             if len(handles) == want:
                 s.woken = True  # a full batch: there may be more
             else:
-                s.due = time.monotonic() + self._idle_wait(s.queue)
+                s.due = time.monotonic() + self._idle_wait(s)
                 s.drained = clean
 
     def _sleep(self, free: int) -> float:
@@ -191,10 +209,19 @@ class Claimer:
         until = min(s.ready_at() for s in self.sources) - time.monotonic()
         return min(self.poll_interval, max(until, 0.001))
 
-    def _idle_wait(self, queue: Queue) -> float:
-        """Sleep until the next delayed job is due or a claim lapses, at most poll_interval."""
+    def _idle_wait(self, s: _Source) -> float:
+        """Sleep until the next delayed job is due or a claim lapses, at most poll_interval.
+        A queue whose settings hold claims back (paused, a full concurrency limit or rate
+        window) sleeps until they could let one through instead: the rate window's next
+        free place, a lapse, or a wake (a resume, a raised limit, one of our jobs done)."""
+        queue = s.queue
         store = queue.store
         try:
+            held = limit_wait(store, queue.name)
+            s.capped = held is not None and held[1]
+            if held is not None:
+                wait = held[0]
+                return self.poll_interval if wait is None else min(self.poll_interval, wait + 0.001)
             with store.executor() as ex:
                 due = store.backend.next_due(ex, {"queue": queue.name, "now": store.now()})
         except AlkstoreError as exc:

@@ -34,6 +34,7 @@ class Work:
     call: Callable[[], Any] | None = None  # runs the handler or task; None when ``outcome`` is set
     is_async: bool = False  # the call returns a coroutine for the worker's event loop
     outcome: Outcome | None = None  # known without running anything
+    duration: float | None = None  # seconds the call ran (set by the runner; for metrics)
 
     @property
     def job(self) -> Job:

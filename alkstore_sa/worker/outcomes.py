@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _validate as v
 from .._current import running
 from ..queue import JobHandle
+from .observe import ACKED, DEAD, RETRIED
 
 if TYPE_CHECKING:
     from .dispatch import Work
@@ -61,11 +63,14 @@ def outcome_of(work: Work) -> Outcome:
     it is a retry, never raised here)."""
     call = work.call
     assert call is not None  # set for every Work that is run
+    started = time.perf_counter()
     try:
         with running(work.job):  # alk.current_job() inside the handler
             result = call()
     except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
         return _raised(work, exc)
+    finally:
+        work.duration = time.perf_counter() - started  # the handler's run time (metrics)
     if inspect.isawaitable(result):
         message = _discard_awaitable(work.what, result)
         log.warning("job %s of %r: %s", work.job.id, work.job.queue, message, extra=work.context)
@@ -79,11 +84,14 @@ async def aoutcome_of(work: Work) -> Outcome:
     to the runner, which knows whether the worker cancelled it."""
     call = work.call
     assert call is not None  # set for every Work that is run
+    started = time.perf_counter()
     try:
         with running(work.job):  # set in this asyncio task's own context
             await call()
     except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
         return _raised(work, exc)
+    finally:
+        work.duration = time.perf_counter() - started  # the handler's run time (metrics)
     return ACK
 
 
@@ -112,28 +120,35 @@ def _discard_awaitable(what: str, result: Any) -> str:
     )
 
 
-def settle(h: JobHandle, outcome: Outcome, context: dict[str, Any]) -> bool:
-    """Record ``outcome`` under the job's own claim; True if it landed. Logs one WARNING
-    when the job went dead through it (``fail``, or a retry at the attempt budget)."""
-    job = h.job
+def landed_as(h: JobHandle, outcome: Outcome) -> str:
+    """What ``outcome`` does to the job once it lands: ACKED, RETRIED or DEAD (a ``fail``,
+    or a retry at the attempt budget, which ``retry()`` turns into a burial)."""
     if outcome.kind == "ack":
-        return h.ack()
+        return ACKED
+    if outcome.kind == "fail" or h.job.attempts >= h.job.max_attempts:
+        return DEAD
+    return RETRIED
+
+
+def settle(h: JobHandle, outcome: Outcome, context: dict[str, Any]) -> str | None:
+    """Record ``outcome`` under the job's own claim: how it landed (``landed_as``), or None
+    when it was refused. Logs one WARNING when the job went dead through it."""
+    job = h.job
+    landing = landed_as(h, outcome)  # read before the op: the handle's job is as claimed
+    if outcome.kind == "ack":
+        return landing if h.ack() else None
     if outcome.kind == "fail":
         landed = h.fail(outcome.error)
         last_error = "failed" if outcome.error is None else outcome.error
-        dead = landed
     else:
-        # read before the retry: at the budget retry() buries instead (and says only True)
-        exhausted = job.attempts >= job.max_attempts
         error = "retry requested" if outcome.error is None else outcome.error
         landed = h.retry(error, outcome.delay)
         last_error = "max attempts exceeded"
-        dead = landed and exhausted
-    if dead:
+    if landed and landing == DEAD:
         because = "" if outcome.error in (None, last_error) else f" (last error: {outcome.error})"
         log.warning(
             "job %s of %r is dead after %d/%d attempt(s): %s%s",
             job.id, job.queue, job.attempts, job.max_attempts, last_error, because,
             extra={**context, "last_error": last_error},
         )
-    return landed
+    return landing if landed else None

@@ -24,6 +24,7 @@ from ..queue import JobHandle, Queue
 from ..stop import StopToken
 from ..store import Store
 from ..tasks import Task, Tasks
+from . import observe
 from .claimer import Claimer
 from .dispatch import Dispatch, HandlerDispatch, TaskDispatch, Work, job_context
 from .heartbeater import Heartbeater
@@ -112,6 +113,7 @@ class Worker:
         self.processed = 0  # outcomes recorded (landed or refused), for callers' summaries
         self._count_lock = threading.Lock()
         self._roster = Heartbeater()
+        self._claimer: Claimer | None = None
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.Worker {self.worker_id!r} on {_names(self.queues)}>"
@@ -131,12 +133,16 @@ class Worker:
 
         def start(handles: list[JobHandle]) -> None:
             self._roster.add(handles)  # heartbeated from now on, before it starts running
+            if observe.observer is not None:  # metrics: each job's wait since its run_at
+                for h in handles:
+                    observe.started(h.job)
             runner.submit([self._dispatch.work(h, job_context(h, self.worker_id)) for h in handles])
 
         claimer = Claimer(
             self.queues, self.worker_id, batch_size=self.batch_size, poll_interval=self.poll_interval,
             free=runner.free, busy=lambda: runner.busy, start=start, nudge=nudge,
         )
+        self._claimer = claimer
         watches = self._watch(claimer)
         self._roster.start()
         log.info("worker %s started on %s (%sconcurrency %d)", self.worker_id, _names(self.queues),
@@ -199,6 +205,7 @@ class Worker:
                 log.warning(
                     "job %s: claim lost before %s; not %sing", h.id, outcome.kind, outcome.kind, extra=context
                 )
+                observe.finished(h.job, observe.LOST, w.duration)
                 return
             try:
                 landed = settle(h, outcome, context)
@@ -207,12 +214,15 @@ class Worker:
                 return
             with self._count_lock:
                 self.processed += 1
-            if landed:
+            observe.finished(h.job, observe.LOST if landed is None else landed, w.duration)
+            if landed is not None:
                 log.debug("job %s: %s", h.id, outcome.kind, extra=context)
             else:
                 log.warning("job %s: %s refused (claim lapsed, cancelled or swept)", h.id, outcome.kind, extra=context)
         finally:
             self._roster.remove(w.key)  # this claim only: a newer claim of the job keeps beating
+            if self._claimer is not None:
+                self._claimer.finished(h._queue.name)  # room under a concurrency limit
 
 
 def _waker(claimer: Claimer, queue: str) -> Callable[[], None]:

@@ -175,11 +175,14 @@ def test_status_table_and_json(cli: Cli) -> None:
 
     data = json.loads(cli.ok("status", "--json"))
     assert set(data) == {"emails", "reports"}
-    assert {k: v for k, v in data["emails"].items() if k != "oldest_ready_age"} == {
+    assert {k: v for k, v in data["emails"].items() if k not in ("oldest_ready_age", "settings")} == {
         "pending": 4, "ready": 3, "processing": 1, "dead": 0,
     }
     assert isinstance(data["emails"]["oldest_ready_age"], float) and data["emails"]["oldest_ready_age"] >= 0
-    assert data["reports"] == {"pending": 0, "ready": 0, "processing": 0, "dead": 1, "oldest_ready_age": None}
+    assert data["reports"] == {
+        "pending": 0, "ready": 0, "processing": 0, "dead": 1, "oldest_ready_age": None,
+        "settings": {"paused": False, "concurrency": None, "rate_limit": None, "rate_per": None},
+    }
 
     # the same from the environment variables instead of flags
     res = cli.run("status", "--json", db=False, env=cli.env(ALKSTORE_DATABASE_URL=cli.url, ALKSTORE_SCHEMA=cli.schema))

@@ -95,15 +95,17 @@ def test_schedules_json(db: Target, registered: alk.Store) -> None:
         {
             "name": "café-ticker", "spec": "@every 90s", "queue": "ünïcode", "payload": ["é", 1, None],
             "priority": 0, "max_attempts": None, "expires": None, "next_fire_at": iso(T0 + 90),
+            "tz": "UTC", "next_fire_local": iso(T0 + 90),
         },
         {
             "name": "maintenance", "spec": "@every 5m", "queue": "maint",
             "payload": {"queues": ["emails", "reports"]}, "priority": 3, "max_attempts": 2,
-            "expires": 240.0, "next_fire_at": iso(T0 + 300),
+            "expires": 240.0, "next_fire_at": iso(T0 + 300), "tz": "UTC", "next_fire_local": iso(T0 + 300),
         },
         {
             "name": "nightly", "spec": "@every 1d", "queue": "reports", "payload": {"kind": "nightly"},
             "priority": 0, "max_attempts": None, "expires": None, "next_fire_at": iso(1_800_057_600.0),
+            "tz": "UTC", "next_fire_local": iso(1_800_057_600.0),
         },
     ]
     # what the CLI shows is what the library reads

@@ -49,7 +49,8 @@ EXPIRES = 97531.5
 DELAY = 13579.5
 CLOCK_START = 1_811_223_344.0
 NUMBERS = ["424242", "4321.5", "17.25", "86420.75", "97531.5", "13579.5", "1811223344"]
-SENTINELS = [QUEUE, WORKER, ERROR, *PAYLOAD, *PAYLOAD.values(), *NUMBERS, "sentinel"]
+UNIQUE = "K-sentinel-c41d'"
+SENTINELS = [QUEUE, WORKER, ERROR, UNIQUE, *PAYLOAD, *PAYLOAD.values(), *NUMBERS, "sentinel"]
 
 # Keys the script below must have compiled, per dialect (the hot path first).
 HOT = {"claim", "ack", "retry", "bury", "heartbeat", "enqueue", "enqueue_many", "stats"}
@@ -111,12 +112,14 @@ def compile_everything(target: Target) -> Compiled:
             assert alk.get_job(conn, q, h2.id) is not None  # the queue-filtered read
             alk.enqueue(conn, q, PAYLOAD, priority=PRIORITY)
             alk.enqueue_many(conn, q, [PAYLOAD], priority=PRIORITY)
+            alk.enqueue(conn, q, PAYLOAD, unique_key=UNIQUE)
             conn.rollback()
         assert [j.id for j in q.dead_jobs()] == [h2.id]
         assert q.dead_jobs(before_id=h2.id) == []
         assert q.requeue_dead(h2.id) is not None
         q.sweep_expired()
         q.stats()
+        assert q.enqueue(PAYLOAD, unique_key=UNIQUE) == q.enqueue(PAYLOAD, unique_key=UNIQUE)
         raw = dict(store.backend._sql)
         sql = {k: norm(v) for k, v in raw.items()}
     finally:
@@ -337,7 +340,8 @@ def test_pg_claim_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> 
     )
     # psycopg caches its parse of a query only up to 4 KiB: the claim (aliased scans and
     # targets, one clock reading read through a CTE) must stay under it, even with a quoted
-    # or a 63-byte schema name (3.4 KiB with a 14-byte schema, 3.7 KiB with a 63-byte one)
+    # or a 63-byte schema name (3.7 KiB with a 14-byte schema, 4.0 KiB with a 63-byte one,
+    # the queue-settings guard included)
     assert len(compiled.raw["claim"]) <= 4096, len(compiled.raw["claim"])
     for c in ctes:
         if "FOR UPDATE SKIP LOCKED" in c.body:
@@ -422,7 +426,8 @@ def every_pg_statement(_pg_module_target: Target) -> dict[str, str]:
 
 
 # type names PostgreSQL's grammar maps to pg_catalog types itself (no search_path lookup)
-KEYWORD_TYPES = {"INTEGER", "BIGINT", "SMALLINT", "VARCHAR", "DOUBLE PRECISION", "BOOLEAN"}
+# (FLOAT: asyncpg's bind cast of a double; the grammar makes it pg_catalog.float8)
+KEYWORD_TYPES = {"INTEGER", "BIGINT", "SMALLINT", "VARCHAR", "DOUBLE PRECISION", "BOOLEAN", "FLOAT"}
 SQL_SYNTAX_CALLS = {"coalesce", "CAST", "OPERATOR"}
 
 
@@ -452,7 +457,28 @@ def test_pg_every_builtin_is_resolved_in_pg_catalog(every_pg_statement: dict[str
             assert t in KEYWORD_TYPES or t.startswith("pg_catalog."), f"{key}: type {t!r} resolves through search_path"
 
 
+def test_pg_unique_enqueue_is_one_statement(pg_compiled: Compiled) -> None:
+    """Either outcome in one round trip: the insert yields to the partial unique index on
+    live rows; the wake fires only for a row it inserted; the holder's id otherwise."""
+    sql = pg_compiled.sql["enqueue:unique"]
+    jobs = pg_compiled.t("alkstore_jobs")
+    assert ";" not in sql and sql.startswith(f"WITH ins AS (INSERT INTO {jobs} (")
+    assert "ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING RETURNING" in sql
+    ctes, main = split_with(sql)
+    (wake,) = [c for c in ctes if "pg_notify" in c.body]
+    assert wake.materialized and wake.body.rstrip().endswith("FROM ins"), "a duplicate must not wake"
+    assert "UNION ALL" in main and "NOT (EXISTS (SELECT ins.id FROM ins))" in main
+
+
 # -- SQLite ---------------------------------------------------------------------------------
+
+
+def test_sqlite_unique_enqueue_yields_to_the_index(sqlite_compiled: Compiled) -> None:
+    sql = sqlite_compiled.sql["enqueue:unique"]
+    assert sql.startswith("INSERT INTO main.alkstore_jobs (")
+    assert sql.endswith("ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING RETURNING id, 1 AS inserted")
+    assert sqlite_compiled.sql["enqueue:held"].startswith("SELECT main.alkstore_jobs.id, 0 AS inserted FROM main.alkstore_jobs WHERE")
+
 
 
 def test_sqlite_claim_is_update_returning_without_for_update(sqlite_compiled: Compiled) -> None:
@@ -510,3 +536,103 @@ def test_sqlite_claim_runs_in_begin_immediate(tmp_path, clock: FakeClock) -> Non
     finally:
         store.close()
         target.engine.dispose()
+
+
+# -- the caller's drivers (PostgreSQL): psycopg2 and asyncpg --------------------------------
+
+CALLER_STATEMENTS = {"enqueue", "enqueue_many", "get_job:True", "notify", "stream_publish"}
+
+
+def compile_for_callers(target: Target) -> dict[str, dict[str, str]]:
+    """Run every transactional function through a psycopg2 and an asyncpg connection and
+    return what the store compiled for each driver (the caller's-transaction statements
+    are compiled per driver; the store's own stay psycopg 3)."""
+    import asyncio
+    from typing import Any
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    def calls(conn: sa.Connection, store: alk.Store) -> None:
+        job = alk.enqueue(conn, QUEUE, PAYLOAD, priority=PRIORITY, delay=DELAY, expires=EXPIRES)
+        alk.enqueue_many(conn, store.queue(QUEUE), [PAYLOAD], priority=PRIORITY)
+        assert alk.enqueue(conn, QUEUE, PAYLOAD, unique_key=UNIQUE) == alk.enqueue(conn, QUEUE, {}, unique_key=UNIQUE)
+        assert alk.get_job(conn, QUEUE, job) is not None
+        alk.outbox_enqueue(conn, "outbox-sentinel", PAYLOAD)
+        alk.publish(conn, "stream-sentinel", PAYLOAD)
+        alk.notify(conn, "channel-sentinel", "payload-sentinel")
+        conn.rollback()
+
+    url = sa.make_url(target.url)
+    store = target.store(clock=FakeClock(CLOCK_START))
+    try:
+        sync = sa.create_engine(url.set(drivername="postgresql+psycopg2"))
+        store.register(sync)
+        with sync.connect() as conn:
+            calls(conn, store)
+        psycopg2 = store.backend.for_dialect(sync.dialect)
+        sync.dispose()
+
+        async def on_asyncpg() -> object:
+            engine = create_async_engine(url.set(drivername="postgresql+asyncpg"))
+            store.register(engine)
+            async with engine.connect() as conn:
+                await conn.run_sync(calls, store)
+            await engine.dispose()
+            return store.backend.for_dialect(engine.dialect)
+
+        asyncpg: Any = asyncio.run(on_asyncpg())
+        assert store.backend.driver == "psycopg" and psycopg2.driver == "psycopg2" and asyncpg.driver == "asyncpg"
+        return {"psycopg2": dict(psycopg2._sql), "asyncpg": dict(asyncpg._sql)}
+    finally:
+        store.close()
+
+
+@pytest.fixture(params=["postgresql", "postgresql-quoted-schema"])
+def caller_compiled(request: pytest.FixtureRequest) -> tuple[Target, dict[str, dict[str, str]]]:
+    name = "_pg_module_target" if request.param == "postgresql" else "_quoted_pg_target"
+    target = request.getfixturevalue(name)
+    return target, compile_for_callers(target)
+
+
+def test_caller_drivers_get_their_own_placeholders(caller_compiled: tuple[Target, dict[str, dict[str, str]]]) -> None:
+    """asyncpg takes ``$n`` (and a ``%`` is plain text to it); psycopg2 ``%(name)s`` (with
+    ``%`` doubled). Every table stays schema-qualified and no user value reaches the SQL."""
+    target, by_driver = caller_compiled
+    quoted = not re.fullmatch(r"[a-z_][a-z0-9_]*", target.schema)
+    for driver, statements in by_driver.items():
+        assert set(statements) >= CALLER_STATEMENTS, (driver, set(statements))
+        percent = "%%" if driver == "psycopg2" else "%"
+        prefix = ('"' + target.schema.replace("%", percent) + '".') if quoted else f"{target.schema}."
+        for key, raw in statements.items():
+            sql = norm(raw)
+            if driver == "asyncpg":
+                assert "%(" not in sql and re.search(r"\$\d+", sql), (driver, key)
+            else:
+                assert "$" not in sql and re.search(r"%\(\w+\)s", sql), (driver, key)
+            for table in re.findall(r"(?<![\w.\"])(alkstore_\w+)", _without_literals(sql)):
+                assert f"{prefix}{table}" in sql, (driver, key, table)
+            for value in SENTINELS:
+                assert value not in sql, (driver, key, value)
+        enqueue = norm(statements["enqueue"])
+        assert enqueue.startswith(f"WITH ins AS (INSERT INTO {prefix}alkstore_jobs (")
+        assert "VALUES ('pending'," in enqueue and "wake AS MATERIALIZED" in enqueue
+        assert "pg_catalog.pg_notify(" in enqueue and " OPERATOR(pg_catalog.+) " in enqueue
+
+
+def test_asyncpg_enqueue_passes_each_parameter_once_in_order(_pg_module_target: Target) -> None:
+    """The positional form of the enqueue: ``$1..$n``, each number standing for one named
+    parameter (``now``, used at every clock reading, is one ``$n``), typed by a cast."""
+    statements = compile_for_callers(_pg_module_target)["asyncpg"]
+    sql = norm(statements["enqueue"])
+    numbers = sorted({int(n) for n in re.findall(r"\$(\d+)", sql)})
+    assert numbers == list(range(1, len(numbers) + 1))
+    assert len(re.findall(r"\$8::FLOAT", sql)) >= 3  # the one clock reading, used at every time
+    assert re.search(r"pg_catalog\.pg_notify\(\$\d+::VARCHAR, ''\)", sql)
+
+
+def test_caller_drivers_resolve_every_builtin_in_pg_catalog(_pg_module_target: Target) -> None:
+    """The pg_catalog qualification is a compiler mixin: psycopg2's and asyncpg's SQL gets it too."""
+    for statements in compile_for_callers(_pg_module_target).values():
+        test_pg_every_builtin_is_resolved_in_pg_catalog(
+            {k: norm(v) for k, v in statements.items()} | {"claim": "", "lock_acquire": "", "schedule_upsert": "", "next_due": ""}
+        )

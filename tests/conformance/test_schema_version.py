@@ -1,4 +1,4 @@
-"""Which alkstore schema revisions a library version accepts (docs/install.md, "Upgrades").
+"""Which alkstore schema revisions a library version accepts (docs/install.md, "Upgrading").
 
 The database's revision (``alkstore_alembic_version``) is compared with this library's
 head: equal → fine; an older step → ``SchemaOutdated`` (run the migrations); a newer step
@@ -69,17 +69,20 @@ def migrate(db: Target) -> subprocess.CompletedProcess[str]:
     [
         (HEAD, "ok"),
         ("alkstore_0000", "outdated"),
-        ("alkstore_0002", "newer"),
-        ("alkstore_0002_r0001", "newer"),
-        ("alkstore_0007_r0002", "too new"),
+        ("alkstore_0001", "outdated"),
+        ("alkstore_0002_r0001", "too new"),  # not the shipped id of step 2: unknown
+        ("alkstore_0003", "newer"),
+        ("alkstore_0003_r0001", "newer"),
+        ("alkstore_0007_r0002", "newer"),
+        ("alkstore_0007_r0003", "too new"),
         (NEWER_BREAKING, "too new"),
         (FOREIGN, "too new"),
         ("alkstore_1", "too new"),
     ],
 )
 def test_the_rule(revision: str, verdict: str) -> None:
-    """The rule as a table, for this library's head (step 1)."""
-    assert HEAD == "alkstore_0001"
+    """The rule as a table, for this library's head (step 2)."""
+    assert HEAD == "alkstore_0002"
     assert migrations.schema_verdict(revision) == verdict
 
 

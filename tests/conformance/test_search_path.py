@@ -176,3 +176,55 @@ def test_no_shadow_runs_during_any_operation(hostile: Hostile) -> None:
         run_every_operation(store)
     rows, called = hostile.hits()
     assert rows == [] and not called, f"the attacker's objects ran: {rows}"
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "asyncpg"])
+def test_no_shadow_runs_in_the_callers_transaction_on_other_drivers(hostile: Hostile, driver: str) -> None:
+    """The caller's-transaction forms on psycopg2 and asyncpg (each compiled with its own
+    dialect, the pg_catalog qualification mixed in): no shadow runs either."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    path = f'"{hostile.attacker}",pg_catalog,public'
+    url = sa.make_url(PG_URL).set(drivername=f"postgresql+{driver}")
+    name = new_pg_schema("tx")
+
+    def calls(conn: sa.Connection) -> list[str]:
+        job = alk.enqueue(conn, name, {"tx": 1}, delay=1, expires=60)
+        alk.enqueue_many(conn, name, [{"tx": 2}])
+        assert alk.get_job(conn, name, job) is not None
+        alk.outbox_enqueue(conn, name, {"out": 1})
+        alk.publish(conn, name, {"event": 1})
+        alk.notify(conn, name, "tx")
+        conn.commit()
+        return [conn.exec_driver_sql("SHOW search_path").scalar()]
+
+    with alk.Store(hostile.admin, schema=hostile.schema) as store:
+        if driver == "psycopg2":
+            engine = engine_with_search_path(url, path)
+            store.register(engine)
+            with engine.connect():
+                pass  # the dialect's first-connect queries are not alkstore's SQL
+            hostile.reset()
+            with engine.connect() as conn:
+                shown = calls(conn)
+            engine.dispose()
+        else:
+
+            async def on_asyncpg() -> list[str]:
+                engine = create_async_engine(url, connect_args={"server_settings": {"search_path": path}})
+                store.register(engine)
+                async with engine.connect():
+                    pass
+                hostile.reset()
+                async with engine.connect() as conn:
+                    result = await conn.run_sync(calls)
+                await engine.dispose()
+                return result
+
+            shown = asyncio.run(on_asyncpg())
+        assert shown[0].startswith(f'"{hostile.attacker}"'), shown
+        assert store.queue(name).stats().pending == 2
+    rows, called = hostile.hits()
+    assert rows == [] and not called, f"the attacker's objects ran ({driver}): {rows}"

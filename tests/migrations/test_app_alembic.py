@@ -136,7 +136,8 @@ def test_offline_sql_renders_alkstore_ddl(kind: str, tmp_path: Path) -> None:
     up = _ok(app.alembic("upgrade", "head", "--sql"))
     assert up.index("CREATE TABLE app_orders") < up.index(f"CREATE TABLE {q}alkstore_jobs")
     assert f"CREATE INDEX alkstore_jobs_pending_ix ON {q}alkstore_jobs" in up
-    assert f"INSERT INTO {q}{VERSION_TABLE} (version_num) VALUES ('alkstore_0001')" in up
+    assert f"INSERT INTO {q}{VERSION_TABLE} (version_num) VALUES ('{migrations.head_revision()}')" in up
+    assert f"CREATE UNIQUE INDEX alkstore_jobs_unique_ix ON {q}alkstore_jobs (queue, unique_key) WHERE unique_key IS NOT NULL" in up
     assert f"UPDATE alembic_version SET version_num='{rev}'" in up
     assert not (tmp_path / "never.db").exists()
 

@@ -1,0 +1,109 @@
+"""``alkstore queue pause|resume|limit``: change a queue's settings (SPEC §14), which every
+worker process obeys at its next claim; a resume or a changed limit wakes idle workers."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from .. import _limits
+from ..model import QueueSettings
+from ._common import Once, add_database_options, open_store
+from ._errors import UsageError
+
+NONE = "none"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("queue", help="pause, resume or limit a queue (shared by every worker)")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    pause = actions.add_parser("pause", help="hand out no jobs until resumed (enqueues still land)")
+    resume = actions.add_parser("resume", help="hand out jobs again (wakes idle workers)")
+    limit = actions.add_parser(
+        "limit", help="set or remove the queue's concurrency and rate limits",
+        description="Set the limits of a queue; an option left out keeps its current setting.",
+    )
+    limit.add_argument(
+        "--concurrency", type=_concurrency, action=Once, metavar="N|none",
+        help="at most N jobs of the queue running at once, across every worker ('none' removes it)",
+    )
+    limit.add_argument(
+        "--rate", type=_rate, action=Once, metavar="N/SECONDS|none",
+        help="at most N jobs handed out in any SECONDS (fractions allowed: 5/0.5); 'none' removes it",
+    )
+    for a in (pause, resume, limit):
+        a.add_argument("queue", help="the queue's name")
+        add_database_options(a)
+    pause.set_defaults(func=run_pause)
+    resume.set_defaults(func=run_resume)
+    limit.set_defaults(func=run_limit)
+
+
+def _concurrency(text: str) -> int | str:
+    if text.strip().lower() == NONE:
+        return NONE  # not None: that is "option not given"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of jobs or 'none', got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"the limit must be at least 1 (or 'none' to remove it), got {n}")
+    return n
+
+
+def _rate(text: str) -> tuple[int, float] | str:
+    if text.strip().lower() == NONE:
+        return NONE
+    limit, slash, seconds = text.partition("/")
+    if not slash:
+        raise argparse.ArgumentTypeError(f"expected N/SECONDS (e.g. 100/60) or 'none', got {text!r}")
+    try:
+        n, per = int(limit), float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N/SECONDS with a whole N and a number of seconds, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"the rate must allow at least 1 job, got {n}")
+    if not math.isfinite(per) or per <= 0:
+        raise argparse.ArgumentTypeError(f"the window must be a positive number of seconds, got {seconds!r}")
+    return n, per
+
+
+def describe(settings: QueueSettings) -> str:
+    """One line for people: what holds the queue back ("-": nothing)."""
+    parts = ["paused"] if settings.paused else []
+    if settings.concurrency is not None:
+        parts.append(f"concurrency {settings.concurrency}")
+    if settings.rate_limit is not None:
+        parts.append(f"rate {settings.rate_limit}/{settings.rate_per:g}s")
+    return ", ".join(parts) or "-"
+
+
+def _change(args: argparse.Namespace, **change: object) -> int:
+    # validated in full (name, values) before the one transaction that writes them
+    params, fields = _limits.change_params(**change)
+    store = open_store(args)
+    try:
+        settings = _limits.update(store.queue(args.queue), params, fields)
+    finally:
+        store.close()
+    print(f"{args.queue}: {describe(settings) if settings != QueueSettings() else 'no settings'}")
+    return 0
+
+
+def run_pause(args: argparse.Namespace) -> int:
+    return _change(args, paused=True)
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    return _change(args, paused=False)
+
+
+def run_limit(args: argparse.Namespace) -> int:
+    change: dict[str, object] = {}
+    if args.concurrency is not None:
+        change["concurrency"] = None if args.concurrency == NONE else args.concurrency
+    if args.rate is not None:
+        change["rate_limit"], change["per"] = (None, None) if args.rate == NONE else args.rate
+    if not change:
+        raise UsageError("give --concurrency N|none and/or --rate N/SECONDS|none (see `alkstore queue limit --help`)")
+    return _change(args, **change)

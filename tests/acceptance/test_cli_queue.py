@@ -1,0 +1,112 @@
+"""``alkstore queue pause|resume|limit`` and the settings in ``alkstore status`` (SPEC §14),
+run as subprocesses against both engines: each change lands in the database (seen by a
+store), an omitted option keeps its setting, bad input exits 2 with one line and changes
+nothing, and a resume from the command line wakes a running ``alkstore worker`` whose
+re-poll is an hour."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import alkstore_sa as alk
+from tests.acceptance.test_cli import STARTUP, Cli, WorkerProcess, _status_rows
+from tests.acceptance.test_cli import cli as cli  # noqa: F401 - the fixture, shared
+
+NO_SETTINGS = {"paused": False, "concurrency": None, "rate_limit": None, "rate_per": None}
+
+
+def _settings(cli: Cli, queue: str) -> alk.QueueSettings:
+    return cli.store().queue(queue).settings()
+
+
+def test_pause_limit_resume_round_trip(cli: Cli) -> None:
+    s = cli.install()
+    s.queue("emails").enqueue({"to": "a"})
+
+    assert cli.ok("queue", "pause", "emails").strip() == "emails: paused"
+    assert _settings(cli, "emails") == alk.QueueSettings(paused=True)
+    assert s.queue("emails").claim_one("w") is None
+
+    out = cli.ok("queue", "limit", "emails", "--concurrency", "3")
+    assert out.strip() == "emails: paused, concurrency 3"
+    out = cli.ok("queue", "limit", "emails", "--rate", "20/2.5")  # fractional seconds; concurrency kept
+    assert out.strip() == "emails: paused, concurrency 3, rate 20/2.5s"
+    assert _settings(cli, "emails") == alk.QueueSettings(True, 3, 20, 2.5)
+
+    # status: the settings column (a queue with settings but no jobs is listed too)
+    cli.ok("queue", "limit", "idle", "--rate", "100/60")
+    header, *lines = cli.ok("status").strip().splitlines()
+    assert header.split() == ["queue", "pending", "ready", "processing", "dead", "oldest_ready_age", "settings"]
+    rows = {line.split()[0]: line for line in lines}
+    assert set(rows) == {"emails", "idle"}
+    assert rows["emails"].endswith("paused, concurrency 3, rate 20/2.5s")
+    assert rows["idle"].split()[1:6] == ["0", "0", "0", "0", "-"] and rows["idle"].endswith("rate 100/60s")
+    data = json.loads(cli.ok("status", "--json"))
+    assert data["emails"]["settings"] == {"paused": True, "concurrency": 3, "rate_limit": 20, "rate_per": 2.5}
+    assert data["emails"]["pending"] == 1
+    assert data["idle"]["settings"] == {"paused": False, "concurrency": None, "rate_limit": 100, "rate_per": 60.0}
+
+    assert cli.ok("queue", "resume", "emails").strip() == "emails: concurrency 3, rate 20/2.5s"
+    out = cli.ok("queue", "limit", "emails", "--concurrency", "none", "--rate", "NONE")
+    assert out.strip() == "emails: no settings"
+    assert _settings(cli, "emails") == alk.QueueSettings()
+    cli.ok("queue", "limit", "idle", "--rate", "none")
+    rows = _status_rows(cli.ok("status"))  # no settings anywhere: no settings column
+    assert set(rows) == {"emails"} and rows["emails"][:4] == ["1", "1", "0", "0"]
+    assert json.loads(cli.ok("status", "--json"))["emails"]["settings"] == NO_SETTINGS
+
+
+BAD = [
+    (["limit", "q", "--concurrency", "0"], "--concurrency"),
+    (["limit", "q", "--concurrency", "abc"], "--concurrency"),
+    (["limit", "q", "--concurrency", "99999999999"], "concurrency"),
+    (["limit", "q", "--concurrency", "2", "--concurrency", "3"], "more than once"),
+    (["limit", "q", "--rate", "10"], "--rate"),
+    (["limit", "q", "--rate", "0/5"], "--rate"),
+    (["limit", "q", "--rate", "10/0"], "--rate"),
+    (["limit", "q", "--rate", "10/nan"], "--rate"),
+    (["limit", "q", "--concurrency", "3", "--rate", "10/1e12"], "100 years"),  # one good, one bad: neither
+    (["limit", "q"], "--concurrency"),
+    (["limit", "__alkstore_q", "--concurrency", "3"], "reserved"),
+    (["pause"], "queue"),
+]
+
+
+def test_bad_input_exits_2_and_changes_nothing(cli: Cli) -> None:
+    s = cli.install()
+    q = s.queue("q")
+    q.set_concurrency(7)
+    q.set_rate_limit(5, per=1)
+    # parsing and validation happen before the store is opened, the same for both engines:
+    # PostgreSQL runs the cases that get furthest (to the library's own validation)
+    cases = BAD if cli.kind == "sqlite" else [c for c in BAD if c[1] in ("concurrency", "100 years", "reserved")]
+    for argv, says in cases:
+        res = cli.run("queue", *argv)
+        assert res.returncode == 2, (argv, res.returncode, res.stdout, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in res.stderr, (argv, res.stderr)
+        assert says in lines[0], (argv, lines[0])
+        assert res.stdout == "", argv
+        assert q.settings() == alk.QueueSettings(False, 7, 5, 1.0), argv
+        assert set(s.queue_settings()) == {"q"}, argv
+
+
+def test_resume_from_the_command_line_wakes_a_worker(cli: Cli) -> None:
+    s = cli.install()
+    q = s.queue("held")
+    w = WorkerProcess(cli, "held", "-c", "2", "--poll-interval", "3600")
+    try:
+        warm = q.enqueue({"warm": True})
+        w.wait_mark(warm, "done", STARTUP)
+        cli.ok("queue", "pause", "held")
+        held = q.enqueue({"n": 1})  # the enqueue wakes the worker; its claim gets nothing
+        time.sleep(1.0)
+        assert not (w.marks / f"{held}.started").exists(), "handed out while paused"
+        cli.ok("queue", "resume", "held")
+        w.wait_mark(held, "done", 10)  # the re-poll is an hour: only the resume's wake is this fast
+        code, _out, err = w.signal_and_wait(signal.SIGTERM)
+    finally:
+        w.kill()
+    assert code == 0, err

@@ -1,0 +1,76 @@
+"""Child-process side of tests/concurrency/test_unique.py: spawn-safe worker functions that
+enqueue one shared set of unique keys (own or caller's transactions), and one that claims
+and acks those jobs meanwhile (freeing keys while the others enqueue them)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+
+
+def _ready(store: alk.Store, spec: dict[str, Any]) -> None:
+    """A second start line, after the store is warm (schema checked, connection open): the
+    harness's barrier is passed before that, and a process that is ready first would
+    otherwise enqueue every key before the others begin."""
+    store.check_schema()
+    rendezvous = Path(spec["rendezvous"])
+    (rendezvous / str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(list(rendezvous.iterdir())) < spec["parties"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other processes never got ready")
+        time.sleep(0.005)
+
+
+def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
+    """Enqueue every key of ``spec["keys"]`` once, in this process's own shuffled order;
+    ``[key, returned id]`` per call. ``mode`` "own": one enqueue per call in its own
+    transaction; "callers": sessions of up to ``group`` keys, each taken in key order (two
+    transactions waiting on each other's keys in opposite orders would be a deadlock the
+    caller made, not one this test is about)."""
+    store = alk.Store(spec["url"], schema=spec["schema"])
+    try:
+        q = store.queue(spec["queue"])
+        keys: list[str] = list(spec["keys"])
+        random.Random(spec["seed"]).shuffle(keys)
+        out: list[list[Any]] = []
+        _ready(store, spec)
+        if spec["mode"] == "own":
+            for key in keys:
+                out.append([key, q.enqueue({"key": key, "pid": os.getpid()}, unique_key=key)])
+            return out
+        group = spec["group"]
+        for i in range(0, len(keys), group):
+            chunk = sorted(keys[i : i + group])
+            with Session(store.engine) as session, session.begin():
+                ids = [alk.enqueue(session, q, {"key": k, "pid": os.getpid()}, unique_key=k) for k in chunk]
+            out += [[k, job_id] for k, job_id in zip(chunk, ids, strict=True)]
+        return out
+    finally:
+        store.close()
+
+
+def ack_while_enqueued(spec: dict[str, Any]) -> list[list[Any]]:
+    """Claim and ack the queue's jobs for ``seconds``; ``[id, unique key]`` per ack that
+    landed (the record of jobs the final table no longer shows)."""
+    store = alk.Store(spec["url"], schema=spec["schema"])
+    try:
+        q = store.queue(spec["queue"])
+        acked: list[list[Any]] = []
+        _ready(store, spec)
+        deadline = time.monotonic() + spec["seconds"]
+        while time.monotonic() < deadline:
+            for handle in q.claim_batch(spec["worker_id"], 5):
+                key = handle.job.unique_key
+                if handle.ack():
+                    acked.append([handle.id, key])
+        return acked
+    finally:
+        store.close()

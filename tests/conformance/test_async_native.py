@@ -1,0 +1,282 @@
+"""Async applications (SPEC §13): the native ``a``-functions on AsyncSession,
+async_scoped_session and AsyncConnection; ``alk.Store(async_engine)``; a Store given an
+Engine of another driver than psycopg 3; ``Task.aenqueue`` on asyncpg; and the
+``InvalidOptions`` that names the right function when sync and async forms are mixed.
+
+(tests/conformance/test_drivers.py runs every transactional function on every driver.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
+
+import alkstore_sa as alk
+from alkstore_sa._registry import store_for
+from tests.support import PG_URL, WAIT, FakeClock, Target, sqlite_target
+
+ASYNC_DRIVERS = ["asyncpg", "psycopg_async", "aiosqlite"]
+FUNCTIONS: list[tuple[str, tuple[Any, ...]]] = [
+    ("enqueue", ("q", {"x": 1})),
+    ("enqueue_many", ("q", [1, 2])),
+    ("get_job", ("q", 1)),
+    ("outbox_enqueue", ("o", {"x": 1})),
+    ("publish", ("s", {"x": 1})),
+    ("notify", ("ch", "text")),
+]
+
+
+def async_url(driver: str, target: Target) -> sa.URL:
+    if driver == "aiosqlite":
+        return sa.make_url(target.url).set(drivername="sqlite+aiosqlite")
+    # postgresql+psycopg under create_async_engine is psycopg 3's async dialect
+    return sa.make_url(PG_URL).set(drivername="postgresql+asyncpg" if driver == "asyncpg" else "postgresql+psycopg")
+
+
+@pytest.fixture(params=ASYNC_DRIVERS)
+def target_and_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[tuple[Target, sa.URL]]:
+    if request.param == "aiosqlite":
+        target = sqlite_target(str(tmp_path))
+        yield target, async_url("aiosqlite", target)
+        target.engine.dispose()
+    else:
+        target = request.getfixturevalue("_pg_module_target")
+        yield target, async_url(request.param, target)
+
+
+def _qname() -> str:
+    return f"an-{uuid.uuid4().hex[:10]}"
+
+
+def _ts(clock: FakeClock, offset: float = 0.0) -> datetime:
+    return datetime.fromtimestamp(clock.now + offset, timezone.utc)
+
+
+# -- the native forms -----------------------------------------------------------------------
+
+
+def test_every_async_form_of_session_joins_its_transaction(target_and_url: tuple[Target, sa.URL]) -> None:
+    """AsyncSession, async_scoped_session and AsyncConnection: commit → written, rollback →
+    nothing; the store's clock and schema apply (its registration for the async engine)."""
+    target, url = target_and_url
+    clock = FakeClock()
+    store = target.store(clock=clock)
+    name = _qname()
+
+    async def scenario() -> list[int]:
+        engine = create_async_engine(url)
+        store.register(engine)
+        try:
+            kept = []
+            async with AsyncSession(engine) as session:
+                await alk.aenqueue(session, name, "rolled back")
+                await session.rollback()
+            async with AsyncSession(engine) as session, session.begin():
+                kept.append(await alk.aenqueue(session, name, "session", delay=7))
+            scoped = async_scoped_session(async_sessionmaker(engine), scopefunc=asyncio.current_task)
+            kept.extend(await alk.aenqueue_many(scoped, name, ["scoped-1", "scoped-2"]))
+            await scoped.commit()
+            await scoped.remove()
+            async with engine.connect() as conn:
+                await alk.aenqueue(conn, name, "connection rolled back")
+                await conn.rollback()
+            async with engine.begin() as conn:
+                kept.append(await alk.aenqueue(conn, store.queue(name, max_attempts=8), "connection"))
+                job = await alk.aget_job(conn, name, kept[-1])
+                assert job is not None and job.max_attempts == 8
+            return kept
+        finally:
+            await engine.dispose()
+
+    try:
+        kept = asyncio.run(scenario())
+        jobs = [store.get_job(i) for i in kept]
+        assert [j.payload for j in jobs if j is not None] == ["session", "scoped-1", "scoped-2", "connection"]
+        assert jobs[0] is not None and jobs[0].run_at == _ts(clock, 7)
+        assert store.queue(name).stats().pending == 4
+    finally:
+        store.close()
+
+
+def test_store_built_from_an_async_engine(target_and_url: tuple[Target, sa.URL]) -> None:
+    """``alk.Store(async_engine)``: its own operations go through a sync driver (psycopg 3 /
+    sqlite3) on the same database, and it is registered for the async engine."""
+    target, url = target_and_url
+    clock = FakeClock()
+    name = _qname()
+
+    async def scenario() -> tuple[int, alk.Store]:
+        engine = create_async_engine(url)
+        store = alk.Store(engine, schema=target.schema, clock=clock)
+        try:
+            assert store.engine is not engine.sync_engine
+            assert store.engine.dialect.driver == ("pysqlite" if target.kind == "sqlite" else "psycopg")
+            assert not store.engine.dialect.is_async
+            with store.listen(name) as sub:  # the listener runs on the store's own engine
+                async with AsyncSession(engine) as session, session.begin():
+                    job_id = await alk.aenqueue(session, name, {"from": "async"}, priority=3)
+                    await alk.anotify(session, name, "committed")
+                note = await asyncio.to_thread(sub.get, WAIT)
+                assert note is not None and note.payload == "committed"
+            # the store's own operation, from a thread (it is synchronous)
+            own = await asyncio.to_thread(store.queue(name).enqueue, {"from": "store"})
+            handles = await asyncio.to_thread(store.queue(name).claim_batch, "w", 10)
+            assert [h.id for h in handles] == [job_id, own]
+            job = store.get_job(job_id)
+            assert job is not None and job.created_at == _ts(clock) and job.priority == 3
+            return job_id, store
+        finally:
+            store.close()
+            await engine.dispose()
+
+    _, store = asyncio.run(scenario())
+    assert store.closed
+
+
+def test_store_from_an_in_memory_async_sqlite_engine_is_refused() -> None:
+    engine = create_async_engine("sqlite+aiosqlite://")
+    with pytest.raises(alk.InvalidOptions, match="in-memory"):
+        alk.Store(engine)
+    asyncio.run(engine.dispose())
+
+
+def test_store_given_a_psycopg2_engine_runs_its_own_connections_on_psycopg(_pg_module_target: Target) -> None:
+    """A Store on an Engine of another PostgreSQL driver makes its own psycopg 3 engine
+    from the same URL, and serves the application's engine in its transactions."""
+    target = _pg_module_target
+    app_engine = sa.create_engine(sa.make_url(PG_URL).set(drivername="postgresql+psycopg2"))
+    name = _qname()
+    clock = FakeClock()
+    try:
+        with alk.Store(app_engine, schema=target.schema, clock=clock) as store:
+            assert store.engine is not app_engine and store.engine.dialect.driver == "psycopg"
+            with Session(app_engine) as session, session.begin():
+                job_id = alk.enqueue(session, name, {"psycopg2": True}, max_attempts=5)
+                job = alk.get_job(session, name, job_id)
+                assert job is not None and job.max_attempts == 5
+            handle = store.queue(name).claim_one("w")
+            assert handle is not None and handle.id == job_id and handle.payload == {"psycopg2": True}
+            assert handle.job.created_at == _ts(clock)
+            own_engine = store.engine
+        # close() returned the store's own connections and removed both registrations
+        assert own_engine.pool.checkedout() == 0
+        for engine in (app_engine, own_engine):
+            with engine.connect() as conn:
+                assert not isinstance(store_for(conn), alk.Store)
+    finally:
+        app_engine.dispose()
+
+
+def test_task_aenqueue_on_asyncpg(_pg_module_target: Target) -> None:
+    """``await task.aenqueue(async_session, ...)`` on asyncpg, the native path: the job joins
+    the session's transaction (commit → job, rollback → none), with the task's stamps."""
+    target = _pg_module_target
+    name = _qname()
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=name, max_attempts=6, priority=2)
+    async def build_report(day: str, *, fmt: str = "pdf") -> None: ...
+
+    async def scenario(store: alk.Store) -> int:
+        engine = create_async_engine(async_url("asyncpg", target))
+        store.register(engine)
+        try:
+            async with AsyncSession(engine) as session:
+                await build_report.aenqueue(session, "monday")
+                await session.rollback()
+            async with AsyncSession(engine) as session, session.begin():
+                return await build_report.using(delay=60).aenqueue(session, "tuesday", fmt="csv")
+        finally:
+            await engine.dispose()
+
+    clock = FakeClock()
+    with target.store(clock=clock) as store:
+        job_id = asyncio.run(scenario(store))
+        job = store.get_job(job_id)
+        assert job is not None
+        assert job.payload == {"task": build_report.name, "args": ["tuesday"], "kwargs": {"fmt": "csv"}}
+        assert (job.max_attempts, job.priority, job.run_at) == (6, 2, _ts(clock, 60))
+        assert store.queue(name).stats().pending == 1
+
+
+def test_run_sync_keeps_working_on_asyncpg(_pg_module_target: Target) -> None:
+    """The bridge documented before the native forms existed: the sync function through
+    ``run_sync`` runs on asyncpg too (its statements compiled for asyncpg)."""
+    target = _pg_module_target
+    name = _qname()
+
+    async def scenario(store: alk.Store) -> int:
+        engine = create_async_engine(async_url("asyncpg", target))
+        store.register(engine)
+        try:
+            async with AsyncSession(engine) as session, session.begin():
+                return await session.run_sync(alk.enqueue, name, {"bridge": 1})
+        finally:
+            await engine.dispose()
+
+    with target.store() as store:
+        job_id = asyncio.run(scenario(store))
+        assert store.queue(name).get_job(job_id) is not None
+
+
+# -- mixing sync and async forms ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("function", "args"), FUNCTIONS, ids=[f for f, _ in FUNCTIONS])
+def test_an_async_session_given_to_a_sync_function_names_the_async_one(function: str, args: tuple[Any, ...]) -> None:
+    engine = create_async_engine("sqlite+aiosqlite://")
+    scoped = async_scoped_session(async_sessionmaker(engine), scopefunc=lambda: 1)
+    for session in (AsyncSession(engine), scoped, engine.connect()):
+        with pytest.raises(alk.InvalidOptions) as info:
+            getattr(alk, function)(session, *args)
+        message = str(info.value)
+        assert f"alk.{function} got an {type(session).__name__}" in message, message
+        assert f"`await alk.a{function}(...)`" in message, message
+    asyncio.run(engine.dispose())
+
+
+@pytest.mark.parametrize(("function", "args"), FUNCTIONS, ids=[f for f, _ in FUNCTIONS])
+def test_a_sync_session_given_to_an_async_function_names_the_sync_one(function: str, args: tuple[Any, ...]) -> None:
+    engine = sa.create_engine("sqlite://")
+    sessions: list[Any] = [Session(engine), scoped_session(sessionmaker(engine)), engine.connect()]
+    for session in sessions:
+        with pytest.raises(alk.InvalidOptions) as info:
+            asyncio.run(getattr(alk, "a" + function)(session, *args))
+        message = str(info.value)
+        assert f"alk.a{function} got a {type(session).__name__}" in message, message
+        assert f"`alk.{function}(...)` (no await)" in message, message
+    sessions[2].close()
+    engine.dispose()
+
+
+def test_neither_kind_of_session_names_what_is_accepted() -> None:
+    engine = create_async_engine("sqlite+aiosqlite://")
+    for wrong in (None, "session", engine, engine.sync_engine):
+        with pytest.raises(alk.InvalidOptions, match="expected a Session, scoped_session or Connection"):
+            alk.enqueue(wrong, "q", 1)  # type: ignore[arg-type]
+        with pytest.raises(alk.InvalidOptions, match="expected an AsyncSession, async_scoped_session or AsyncConnection"):
+            asyncio.run(alk.aenqueue(wrong, "q", 1))  # type: ignore[arg-type]
+    asyncio.run(engine.dispose())
+
+
+def test_register_takes_async_engines_of_every_supported_driver(_pg_module_target: Target) -> None:
+    target = _pg_module_target
+    with target.store() as store:
+        engines: list[AsyncEngine] = [create_async_engine(async_url(d, target)) for d in ("asyncpg", "psycopg_async")]
+        for engine in engines:
+            store.register(engine)
+            asyncio.run(engine.dispose())
