@@ -26,25 +26,29 @@ from benchmarks.workloads import WORKLOADS, Alk, payloads
 # about 2.5 min when other work shares its CPUs and its PostgreSQL.
 SIZES: dict[str, dict[str, int]] = {
     "sqlite": {
-        "enqueue_one": 15_000, "enqueue_session": 8_000, "enqueue_many": 80_000,
-        "drain_batch": 80_000, "drain_one": 8_000, "drain_4proc": 40_000,
+        "enqueue_one": 15_000, "enqueue_session": 8_000, "enqueue_session_async": 8_000,
+        "enqueue_many": 80_000, "drain_batch": 80_000, "drain_one": 8_000, "drain_batch8": 40_000,
+        "drain_tasks_sync": 8_000, "drain_tasks_async": 8_000, "drain_4proc": 40_000,
         "drain_4proc_concurrency": 40_000, "drain_4proc_rate": 40_000,
     },
     "postgresql": {
-        "enqueue_one": 3_000, "enqueue_session": 2_000, "enqueue_many": 30_000,
-        "enqueue_many_copy": 30_000, "drain_batch": 30_000, "drain_one": 2_000,
+        "enqueue_one": 3_000, "enqueue_session": 2_000, "enqueue_session_async": 2_000,
+        "enqueue_many": 30_000, "enqueue_many_copy": 30_000, "drain_batch": 30_000, "drain_one": 2_000,
+        "drain_batch8": 10_000, "drain_tasks_sync": 4_000, "drain_tasks_async": 4_000,
         "drain_4proc": 20_000, "drain_4proc_concurrency": 20_000, "drain_4proc_rate": 20_000,
     },
 }
 QUICK_SIZES: dict[str, dict[str, int]] = {
     "sqlite": {
-        "enqueue_one": 300, "enqueue_session": 200, "enqueue_many": 2_000,
-        "drain_batch": 2_000, "drain_one": 200, "drain_4proc": 1_000,
+        "enqueue_one": 300, "enqueue_session": 200, "enqueue_session_async": 200,
+        "enqueue_many": 2_000, "drain_batch": 2_000, "drain_one": 200, "drain_batch8": 800,
+        "drain_tasks_sync": 800, "drain_tasks_async": 800, "drain_4proc": 1_000,
         "drain_4proc_concurrency": 1_000, "drain_4proc_rate": 1_000,
     },
     "postgresql": {
-        "enqueue_one": 200, "enqueue_session": 100, "enqueue_many": 2_000,
-        "enqueue_many_copy": 2_000, "drain_batch": 2_000, "drain_one": 200,
+        "enqueue_one": 200, "enqueue_session": 100, "enqueue_session_async": 100,
+        "enqueue_many": 2_000, "enqueue_many_copy": 2_000, "drain_batch": 2_000, "drain_one": 200,
+        "drain_batch8": 800, "drain_tasks_sync": 800, "drain_tasks_async": 800,
         "drain_4proc": 1_000, "drain_4proc_concurrency": 1_000, "drain_4proc_rate": 1_000,
     },
 }
@@ -130,7 +134,10 @@ def run_engine(env: Env, sizes: dict[str, int], reps: int, pool: ProcPool | None
                 continue
             n = sizes[wl.key]
             items = payloads(n)
-            run_alk, run_floor = wl.alk(alk_side, pool), wl.floor(floor_side, pool)
+            # a floor_on_alk workload compares two library paths (async vs sync enqueue, the
+            # Tasks worker vs the handle drain): its "floor" runs on the library's side
+            run_alk = wl.alk(alk_side, pool)
+            run_floor = wl.floor(alk_side if wl.floor_on_alk else floor_side, pool)
             # warm both sides: compiled statements, prepared plans, pooled connections
             measure(run_alk, run_floor, items[: min(n, WARMUP)], 1, wl.unit, wl.interleave)
             m = measure(run_alk, run_floor, items, reps, wl.unit, wl.interleave)
@@ -141,6 +148,7 @@ def run_engine(env: Env, sizes: dict[str, int], reps: int, pool: ProcPool | None
             log(f"  [{env.kind}] {wl.key:<18} alkstore {m['alkstore']['median']:>10,.0f}/s  "
                 f"floor {m['floor']['median']:>10,.0f}/s  ratio {m['ratio']:.2f}")
     finally:
+        alk_side.close()
         floor_side.close()
         env.truncate(env.jobs, env.floor)
     return results

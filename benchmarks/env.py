@@ -178,17 +178,21 @@ def raw_connect(kind: str, sqlite_path: str | None, dsn: str | None) -> Any:
     if kind == "sqlite":
         assert sqlite_path is not None
         conn = sqlite3.connect(sqlite_path, isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
-        _sqlite_pragmas(conn, None)
+        sqlite_pragmas(conn, None)
         return conn
     import psycopg
 
     return psycopg.connect(dsn, autocommit=True)
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    """The floor's connection settings: what the Store's connect hook sets on its own."""
-    dbapi_conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-    dbapi_conn.execute("PRAGMA synchronous = NORMAL")
+def sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """The floor's (and the async engine's) connection settings: what the Store's connect
+    hook sets on its own. Through a cursor, which sqlite3 and SQLAlchemy's aiosqlite adapter
+    both have."""
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    cur.execute("PRAGMA synchronous = NORMAL")
+    cur.close()
 
 
 def make_env(kind: str) -> Env:
@@ -206,7 +210,7 @@ def _sqlite_env() -> Env:
     url = f"sqlite:///{path}"
     engine = sa.create_engine(url)
     floor_engine = sa.create_engine(f"sqlite:///{floor_path}")
-    sa.event.listen(floor_engine, "connect", _sqlite_pragmas)
+    sa.event.listen(floor_engine, "connect", sqlite_pragmas)
     store = alk.Store(engine)
     env = Env("sqlite", url, store.schema, engine, store, '"alkstore_jobs"', '"alkstore_dead_jobs"',
               f'"{FLOOR}"', floor_engine=floor_engine, sqlite_path=path, floor_path=floor_path,

@@ -17,6 +17,12 @@ NOTES = [
     "share this machine (and its PostgreSQL).",
     "Floor: plain psycopg 3 / sqlite3 on a minimal table with the same columns and id "
     "allocator and only the claim index; same transactions and commit mode.",
+    "Rows whose floor says 'not a raw floor' compare two library paths in the same run: "
+    "`aenqueue` on an AsyncSession vs the sync `enqueue` on a Session (same database), and the "
+    "`Tasks` worker vs the handle drain at the worker's claim size (its ratio is the task "
+    "layer's cost; the `claim_batch(8)` row links that drain to the raw floor). The worker "
+    "side times one `run(burst=True)` per 400-job step (jobs enqueued before it, untimed), "
+    "start and stop of its threads included.",
 ]
 
 

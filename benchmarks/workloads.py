@@ -3,18 +3,25 @@ the issue's targets (ratios to the floor in the same run)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
-from benchmarks.env import Env
-from benchmarks.floor import QUEUE, WORKER, Floor, Steps
+from benchmarks.env import Env, sqlite_pragmas
+from benchmarks.floor import QUEUE, WORKER, Steps
 
 SESSION_QUEUE = "bench-session"
+TASKS_QUEUE = "bench-tasks"
+TASKS_CONCURRENCY = 8  # the Tasks worker's concurrency, hence its claim size (a claim fills free slots)
+TASKS_STEP = 400  # jobs per timed worker run: a burst run starts and stops its threads each time
 PROC_BATCH = 10  # rows per claim for the 4-process drain (the issue's 4-consumer floor)
 # Limits that never bind (4 processes x 10 hold at most 40 claims; about 20,000 claims a
 # second at most): the limited drains measure what the limited claim path costs, not the
@@ -66,6 +73,16 @@ class Alk:
         self.env = env
         self.store = env.store
         self.q = self.store.queue(QUEUE)
+        # the async side (aenqueue): one loop for the run, since async connections belong to
+        # the loop that opened them
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async_engine: AsyncEngine | None = None
+
+    def close(self) -> None:
+        if self._loop is not None:
+            if self._async_engine is not None:
+                self._loop.run_until_complete(self._async_engine.dispose())
+            self._loop.close()
 
     def reset(self) -> None:
         self.env.truncate(self.env.jobs)
@@ -96,6 +113,68 @@ class Alk:
                 session.commit()
 
         return Steps(step, session.close)
+
+    def async_engine(self) -> tuple[asyncio.AbstractEventLoop, AsyncEngine]:
+        """An async engine on the run's database (psycopg 3's async driver / aiosqlite),
+        registered with the Store, and the loop it runs on; made once."""
+        if self._loop is None or self._async_engine is None:
+            driver = "postgresql+psycopg" if self.env.kind == "postgresql" else "sqlite+aiosqlite"
+            engine = create_async_engine(sa.engine.make_url(self.env.url).set(drivername=driver))
+            if self.env.kind == "sqlite":
+                # the same connection settings the Store's connect hook gives its own engine
+                sa.event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+            self.store.register(engine)
+            self._loop, self._async_engine = asyncio.new_event_loop(), engine
+        return self._loop, self._async_engine
+
+    def enqueue_session_async(self, items: Sequence[Any]) -> Steps:
+        """``await alk.aenqueue(session, ...)`` + ``await session.commit()`` per job, on an
+        AsyncSession; each step is one ``run_until_complete`` of its chunk."""
+        self.reset()
+        loop, engine = self.async_engine()
+        aenqueue = alk.aenqueue
+        session = AsyncSession(engine)
+
+        async def run(chunk: Sequence[Any]) -> None:
+            for p in chunk:
+                await aenqueue(session, SESSION_QUEUE, p)
+                await session.commit()
+
+        def step(chunk: Sequence[Any]) -> None:
+            loop.run_until_complete(run(chunk))
+
+        return Steps(step, lambda: loop.run_until_complete(session.close()))
+
+    def drain_tasks(self, items: Sequence[Any], mode: str) -> Steps:
+        """A ``Tasks`` worker (concurrency 8) with one no-op task (``def`` or ``async def``),
+        ``run(burst=True)`` per step over the step's jobs, enqueued before it (untimed)."""
+        self.reset()
+        tasks = alk.Tasks()
+        if mode == "sync":
+            def noop(payload: Any) -> None:
+                return None
+        else:
+            async def noop(payload: Any) -> None:  # type: ignore[misc]
+                return None
+        task = tasks.task(queue=TASKS_QUEUE, name=f"bench.noop_{mode}")(noop)
+        q = self.store.queue(TASKS_QUEUE)
+        count = (f"SELECT count(*) FROM {self.env.jobs} WHERE queue = "
+                 f"{'%s' if self.env.kind == 'postgresql' else '?'}")
+
+        def step(chunk: Sequence[Any]) -> float:
+            for i in range(0, len(chunk), 1000):  # the task's payload shape (SPEC §12)
+                q.enqueue_many([{"task": task.name, "args": [p], "kwargs": {}} for p in chunk[i : i + 1000]])
+            self.env.settle()
+            worker = alk.Worker(self.store, tasks, concurrency=TASKS_CONCURRENCY, worker_id=WORKER)
+            t0 = time.perf_counter()
+            worker.run(burst=True)
+            elapsed = time.perf_counter() - t0
+            left = self.env.scalar(count, (TASKS_QUEUE,))
+            if worker.processed != len(chunk) or left:
+                raise RuntimeError(f"tasks worker ran {worker.processed} of {len(chunk)} jobs, {left} left")
+            return elapsed
+
+        return Steps(step)
 
     def enqueue_many(self, items: Sequence[Any], per_tx: int = 1000) -> Steps:
         self.reset()
@@ -168,12 +247,13 @@ class Workload:
     key: str  # the JSON key
     title: str  # the table's workload cell
     alk: Callable[[Alk, Any], Side]  # (side object, process pool) -> the timed function
-    floor: Callable[[Floor, Any], Side]
+    floor: Callable[[Any, Any], Side]  # (Floor, or Alk when floor_on_alk, process pool) -> ...
     floor_title: str
     engines: tuple[str, ...] = ("sqlite", "postgresql")
     targets: tuple[tuple[str, float], ...] = ()  # (engine, minimum ratio) from the issue
     unit: int = 1  # jobs per transaction/claim: interleaved steps are multiples of it
     interleave: bool = True  # False: each repetition is one step per side (the process pool)
+    floor_on_alk: bool = False  # True: ``floor`` is another library path (an ``Alk`` method)
 
     def target(self, engine: str) -> float | None:
         return dict(self.targets).get(engine)
@@ -190,6 +270,14 @@ WORKLOADS: tuple[Workload, ...] = (
         "enqueue_session", "enqueue in a caller's `Session` (`alk.enqueue(session, ...)` + commit)",
         lambda a, _: a.enqueue_session, lambda f, _: f.enqueue_session,
         "same `INSERT` through the same Session + commit",
+    ),
+    Workload(
+        "enqueue_session_async",
+        "enqueue in a caller's `AsyncSession` (`await alk.aenqueue(session, ...)` + commit; "
+        "psycopg async / aiosqlite)",
+        lambda a, _: a.enqueue_session_async, lambda a, _: a.enqueue_session,
+        "not a raw floor: sync `alk.enqueue(session, ...)` + commit on the same database",
+        floor_on_alk=True,
     ),
     Workload(
         "enqueue_many", "batch enqueue (`enqueue_many`, 1,000 per transaction)",
@@ -214,6 +302,26 @@ WORKLOADS: tuple[Workload, ...] = (
         lambda a, _: a.drain_one, lambda f, _: f.drain_one,
         "one-statement claim of 1 + one-statement delete",
         targets=(("postgresql", 0.7), ("sqlite", 0.3)),
+    ),
+    Workload(
+        "drain_batch8", f"drain, 1 consumer: `claim_batch({TASKS_CONCURRENCY})` + `ack_batch` (the tasks worker's claim size)",
+        lambda a, _: partial(a.drain_steps, batch=TASKS_CONCURRENCY),
+        lambda f, _: partial(f.drain_steps, batch=TASKS_CONCURRENCY),
+        f"one-statement claim of {TASKS_CONCURRENCY} + one-statement delete", unit=TASKS_CONCURRENCY,
+    ),
+    Workload(
+        "drain_tasks_sync", f"drain, `Tasks` worker, concurrency {TASKS_CONCURRENCY}, sync no-op task (`run(burst=True)`)",
+        lambda a, _: partial(a.drain_tasks, mode="sync"),
+        lambda a, _: partial(a.drain_steps, batch=TASKS_CONCURRENCY),
+        f"not a raw floor: the handle drain, `claim_batch({TASKS_CONCURRENCY})` + `ack_batch`",
+        targets=(("postgresql", 0.7), ("sqlite", 0.7)), unit=TASKS_STEP, floor_on_alk=True,
+    ),
+    Workload(
+        "drain_tasks_async", f"drain, `Tasks` worker, concurrency {TASKS_CONCURRENCY}, async no-op task (`run(burst=True)`)",
+        lambda a, _: partial(a.drain_tasks, mode="async"),
+        lambda a, _: partial(a.drain_steps, batch=TASKS_CONCURRENCY),
+        f"not a raw floor: the handle drain, `claim_batch({TASKS_CONCURRENCY})` + `ack_batch`",
+        targets=(("postgresql", 0.7), ("sqlite", 0.7)), unit=TASKS_STEP, floor_on_alk=True,
     ),
     Workload(
         "drain_4proc", f"drain, 4 consumer processes: `claim_batch({PROC_BATCH})` + `ack_batch`",

@@ -13,7 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SQLITE_WORKLOADS = {
-    "enqueue_one", "enqueue_session", "enqueue_many", "drain_batch", "drain_one", "drain_4proc",
+    "enqueue_one", "enqueue_session", "enqueue_session_async", "enqueue_many", "drain_batch",
+    "drain_one", "drain_batch8", "drain_tasks_sync", "drain_tasks_async", "drain_4proc",
     "drain_4proc_concurrency", "drain_4proc_rate",
 }
 

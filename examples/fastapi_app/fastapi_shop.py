@@ -1,31 +1,36 @@
-"""A small FastAPI shop with a ``Session`` dependency.
+"""A small async FastAPI shop: ``create_async_engine``, an ``AsyncSession`` dependency and an
+``async def`` task.
 
-``POST /orders`` writes an order and enqueues its confirmation email in the request's
-session: both commit together, or neither does. A declined card is refused *after* the job
-was enqueued, to show that the rollback takes the job with the order.
+``POST /orders`` writes an order and enqueues its confirmation email with
+``await send_email.aenqueue(session, ...)`` in the request's transaction: both commit
+together, or neither does. A declined card is refused *after* the job was enqueued, to show
+that the rollback takes the job with the order.
 
 Run it: ``alembic upgrade head`` (in this directory), then
-``uvicorn --factory fastapi_shop:create_app`` and
-``python fastapi_worker.py``. Database: ``$ALKSTORE_DATABASE_URL``, else a SQLite file in the
-temp directory.
+``uvicorn --factory fastapi_shop:create_app`` and ``python fastapi_worker.py`` (or
+``alkstore worker fastapi_shop:tasks``). Database: ``$ALKSTORE_DATABASE_URL`` (a sync or an
+async URL: see ``async_url``), else a SQLite file in the temp directory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import alkstore_sa as alk
 
 EMAILS = "emails"
+tasks = alk.Tasks()  # the app's job kinds; `alkstore worker fastapi_shop:tasks` runs them
 
 
 def database_url() -> str:
@@ -33,6 +38,17 @@ def database_url() -> str:
     worker all find."""
     default = os.path.join(tempfile.gettempdir(), "alkstore-fastapi-example.db")
     return os.environ.get("ALKSTORE_DATABASE_URL") or f"sqlite:///{default}"
+
+
+def async_url(url: str) -> sa.URL:
+    """The async form of a database URL: aiosqlite for SQLite; for PostgreSQL the URL's own
+    async driver (``+asyncpg``, ``+psycopg``), else psycopg 3's async mode."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if parsed.get_driver_name() in ("asyncpg", "psycopg"):
+        return parsed
+    return parsed.set(drivername="postgresql+psycopg")  # create_async_engine picks psycopg's async API
 
 
 class Base(DeclarativeBase):
@@ -52,54 +68,66 @@ class OrderIn(BaseModel):
     card: str = "ok"
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """One Session per request. It is closed when the request ends; whatever the endpoint
-    did not commit (an exception, a refusal) is rolled back, alkstore's job included."""
-    with request.app.state.sessionmaker() as session:
+# An explicit name: jobs carry it, and it must not depend on how the module was imported.
+@tasks.task(queue=EMAILS, name="shop.send_email", max_attempts=5)
+async def send_email(order_id: int, to: str, *, template: str = "order-confirmation") -> None:
+    """An async task: the worker runs it on its event loop. Returning acks the job; raising
+    retries it with backoff (dead at max_attempts); ``alk.Fail`` dead-letters it at once."""
+    await asyncio.sleep(0)  # stands in for an async mail client
+    print(f"sent {template} to {to} for order {order_id}", flush=True)
+
+
+async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """One AsyncSession per request. It is closed when the request ends; whatever the
+    endpoint did not commit (an exception, a refusal) is rolled back, alkstore's job included."""
+    async with request.app.state.sessionmaker() as session:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
 def create_app(url: str | None = None) -> FastAPI:
-    engine = sa.create_engine(url or database_url())
-    # The Store registers alkstore's schema and settings for this engine, which
-    # alk.enqueue(session, ...) finds through the session; check_schema fails fast, naming
-    # the command to run, when `alembic upgrade head` was not run.
-    store = alk.Store(engine)
-    store.check_schema()
+    """The app factory; the engine and the store live in the lifespan."""
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        store.close()
-        engine.dispose()
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The recipe: the app's async engine, and a Store on it. alk.Store(async_engine)
+        # registers alkstore's schema and settings for that engine, which
+        # task.aenqueue(session, ...) finds through the session; the store's own operations
+        # (stats, claims, workers) run on a sync engine it makes from the same URL.
+        engine = create_async_engine(async_url(url or database_url()))
+        store = alk.Store(engine)
+        try:
+            # Fails startup, naming the command to run, when `alembic upgrade head` was not
+            # run; a thread, because the store's own operations block.
+            await asyncio.to_thread(store.check_schema)
+            app.state.engine = engine
+            app.state.sessionmaker = async_sessionmaker(engine, expire_on_commit=False)
+            app.state.alkstore = store
+            yield
+        finally:
+            store.close()
+            await engine.dispose()
 
     app = FastAPI(title="alkstore FastAPI example", lifespan=lifespan)
-    app.state.sessionmaker = sessionmaker(engine)
-    app.state.alkstore = store
 
     @app.post("/orders", status_code=201)
-    def create_order(body: OrderIn, session: SessionDep) -> dict[str, int]:
+    async def create_order(body: OrderIn, session: SessionDep) -> dict[str, int]:
         order = Order(email=body.email, item=body.item)
         session.add(order)
-        session.flush()  # assigns order.id, for the job's payload
-        job_id = alk.enqueue(
-            session, EMAILS, {"template": "order-confirmation", "order_id": order.id, "to": order.email}
-        )
+        await session.flush()  # assigns order.id, for the job's arguments
+        job_id = await send_email.aenqueue(session, order.id, order.email, template="order-confirmation")
         if body.card == "declined":
             raise HTTPException(status_code=402, detail="payment declined")  # nothing committed
-        session.commit()  # the order and its email job become visible at once
+        await session.commit()  # the order and its email job become visible at once
         return {"order_id": order.id, "email_job_id": job_id}
 
     @app.get("/orders/{order_id}")
-    def get_order(order_id: int, session: SessionDep) -> dict[str, object]:
-        order = session.get(Order, order_id)
+    async def get_order(order_id: int, session: SessionDep) -> dict[str, object]:
+        order = await session.get(Order, order_id)
         if order is None:
             raise HTTPException(status_code=404, detail="no such order")
         return {"order_id": order.id, "email": order.email, "item": order.item}
 
     return app
-
-

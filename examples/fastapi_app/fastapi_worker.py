@@ -1,10 +1,11 @@
-"""The example's email worker: alkstore's Worker running ``send_email`` on the "emails" queue.
-
-The same handler runs under the CLI, with graceful SIGTERM handling:
-    alkstore worker fastapi_worker:send_email --queue emails --url "$ALKSTORE_DATABASE_URL"
+"""The example's worker: one alkstore Worker serving the app's ``Tasks`` registry (the async
+``send_email`` task on the "emails" queue; async tasks run on the worker's event loop).
 
     python fastapi_worker.py            # run until Ctrl-C
     python fastapi_worker.py --drain    # exit once the queue is empty
+
+The same registry runs under the CLI, with graceful SIGTERM handling:
+    alkstore worker fastapi_shop:tasks --url "$ALKSTORE_DATABASE_URL"
 """
 
 from __future__ import annotations
@@ -13,16 +14,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from fastapi_shop import EMAILS, database_url
+from fastapi_shop import database_url, tasks
 
 import alkstore_sa as alk
-
-
-def send_email(job: alk.Job) -> None:
-    """The handler: returning acks the job; raising retries it with backoff (and
-    dead-letters it at max_attempts); ``alk.Fail`` dead-letters it at once."""
-    payload = job.payload
-    print(f"sent {payload['template']} to {payload['to']} for order {payload['order_id']}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,10 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", help="database URL (default: $ALKSTORE_DATABASE_URL or the example's SQLite file)")
     parser.add_argument("--drain", action="store_true", help="exit once the queue is empty")
     args = parser.parse_args(argv)
-    store = alk.Store(args.url or database_url())
+    store = alk.Store(args.url or database_url())  # the worker needs no async engine
     try:
         store.check_schema()  # fails fast, naming the command, on a missing or older schema
-        worker = alk.Worker(store, EMAILS, send_email, concurrency=2)
+        worker = alk.Worker(store, tasks, concurrency=8)
         worker.run(alk.StopToken(), burst=args.drain)  # Ctrl-C stops it (KeyboardInterrupt)
         done = worker.processed
     except alk.NotInstalled as exc:

@@ -1,21 +1,25 @@
-"""A small Flask + Flask-SQLAlchemy shop.
+"""A small Flask + Flask-SQLAlchemy shop with a ``Tasks`` registry.
 
-``POST /orders`` writes an order and enqueues its confirmation email in ``db.session``'s
-transaction: both commit together, or neither does. A declined card is refused *after* the
-job was enqueued, to show that the rollback takes the job with the order.
+``POST /orders`` writes an order and enqueues two tasks in ``db.session``'s transaction — the
+confirmation email (queue "emails") and the stock reservation (queue "stock"): all three
+commit together, or none does. A declined card is refused *after* the jobs were enqueued,
+to show that the rollback takes the jobs with the order. One worker serves both queues.
 
 Run it: ``alembic upgrade head`` (in this directory), then ``flask --app flask_shop run``
-and ``python flask_worker.py``. Database: ``$ALKSTORE_DATABASE_URL``, else a SQLite file in
-the temp directory.
+and ``python flask_worker.py`` (or ``alkstore worker flask_worker:tasks``). Database:
+``$ALKSTORE_DATABASE_URL``, else a SQLite file in the temp directory.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
-from flask import Flask, request
+from flask import Flask, has_app_context, request
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -24,6 +28,10 @@ from werkzeug.exceptions import HTTPException
 import alkstore_sa as alk
 
 EMAILS = "emails"
+STOCK = "stock"
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def database_url() -> str:
@@ -38,6 +46,7 @@ class Base(DeclarativeBase):
 
 
 db = SQLAlchemy(model_class=Base)
+tasks = alk.Tasks()  # every job kind of the app; `alkstore worker flask_worker:tasks` runs them all
 
 
 class Order(db.Model):  # type: ignore[name-defined,misc]
@@ -47,38 +56,94 @@ class Order(db.Model):  # type: ignore[name-defined,misc]
     item: Mapped[str] = mapped_column(String(200))
 
 
+# --- running tasks inside a Flask application context ------------------------------------
+# A worker runs tasks on its own threads, outside any request: `db.session` there needs an
+# application context. `in_app_context` gives each run one, of the app the worker process
+# made with `create_app()` (or, when none was made, one made from database_url() on first use).
+
+_worker_app: Flask | None = None
+_worker_app_lock = threading.Lock()
+
+
+def _app_for_tasks() -> Flask:
+    global _worker_app
+    with _worker_app_lock:  # the worker's threads may start their first tasks together
+        if _worker_app is None:
+            create_app()
+        assert _worker_app is not None
+        return _worker_app
+
+
+def in_app_context(func: Callable[P, R]) -> Callable[P, R]:
+    """Run ``func`` in an application context (a fresh one per run, so ``db.session`` is
+    removed — closed, rolled back if uncommitted — when the task ends); within a request or
+    an already active context, it just runs."""
+
+    @functools.wraps(func)  # keeps the signature: tasks check enqueue arguments against it
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        if has_app_context():
+            return func(*args, **kwargs)
+        with _app_for_tasks().app_context():
+            return func(*args, **kwargs)
+
+    return run
+
+
+# Explicit names: jobs carry them, and they must not depend on how the module was imported.
+@tasks.task(queue=EMAILS, name="shop.send_email", max_attempts=5)
+def send_email(order_id: int, to: str, *, template: str = "order-confirmation") -> None:
+    """Returning acks the job; raising retries it with backoff (dead at max_attempts);
+    ``alk.Fail`` dead-letters it at once."""
+    print(f"sent {template} to {to} for order {order_id}", flush=True)
+
+
+@tasks.task(queue=STOCK, name="shop.reserve_stock")
+@in_app_context
+def reserve_stock(order_id: int) -> None:
+    """Reads the order through ``db.session``: needs the application context above."""
+    order = db.session.get(Order, order_id)
+    if order is None:  # cannot happen: the job committed with its order
+        raise alk.Fail(f"order {order_id} does not exist")
+    job = alk.current_job()
+    print(f"reserved {order.item} for order {order.id} (job {job.id if job else '-'})", flush=True)
+
+
 class PaymentDeclined(HTTPException):
     code = 402
     description = "payment declined"
 
 
 def create_app(url: str | None = None) -> Flask:
+    """The app factory. The first app made in a process is also the one its tasks run in
+    when a worker runs them (see ``in_app_context``)."""
+    global _worker_app
     app = Flask(__name__)
     app.config["SQLALCHEMY_DATABASE_URI"] = url or database_url()
     db.init_app(app)
     with app.app_context():
         # The Store registers alkstore's schema and settings for db.engine, which
-        # alk.enqueue(db.session, ...) finds through the session; check_schema fails fast,
+        # task.enqueue(db.session, ...) finds through the session; check_schema fails fast,
         # naming the command to run, when `alembic upgrade head` was not run.
         store = alk.Store(db.engine)
         store.check_schema()
     app.extensions["alkstore"] = store
+    if _worker_app is None:
+        _worker_app = app
 
     @app.post("/orders")
     def create_order() -> tuple[dict[str, Any], int]:
         data = request.get_json(force=True)
         order = Order(email=data["email"], item=data["item"])
         db.session.add(order)
-        db.session.flush()  # assigns order.id, for the job's payload
-        job_id = alk.enqueue(
-            db.session, EMAILS, {"template": "order-confirmation", "order_id": order.id, "to": order.email}
-        )
+        db.session.flush()  # assigns order.id, for the jobs' arguments
+        email_job = send_email.enqueue(db.session, order.id, order.email, template="order-confirmation")
+        stock_job = reserve_stock.enqueue(db.session, order.id)
         if data.get("card") == "declined":
             # Nothing was committed: Flask-SQLAlchemy removes db.session when the request
-            # ends, which rolls back the order and its job together.
+            # ends, which rolls back the order and its jobs together.
             raise PaymentDeclined()
-        db.session.commit()  # the order and its email job become visible at once
-        return {"order_id": order.id, "email_job_id": job_id}, 201
+        db.session.commit()  # the order and both jobs become visible at once
+        return {"order_id": order.id, "email_job_id": email_job, "stock_job_id": stock_job}, 201
 
     @app.errorhandler(PaymentDeclined)
     def declined(exc: PaymentDeclined) -> tuple[dict[str, Any], int]:

@@ -1,10 +1,13 @@
-"""The example's email worker: alkstore's Worker running ``send_email`` on the "emails" queue.
-
-The same handler runs under the CLI, with graceful SIGTERM handling:
-    alkstore worker flask_worker:send_email --queue emails --url "$ALKSTORE_DATABASE_URL"
+"""The example's worker: one alkstore Worker serving the app's ``Tasks`` registry — the
+"emails" and "stock" queues — with the Flask app made first, so that tasks using
+``db.session`` run in its application context.
 
     python flask_worker.py            # run until Ctrl-C
-    python flask_worker.py --drain    # exit once the queue is empty
+    python flask_worker.py --drain    # exit once both queues are empty
+
+The same registry runs under the CLI, with graceful SIGTERM handling (this module's import
+gives ``tasks``; the app for the tasks' context is made from $ALKSTORE_DATABASE_URL on first use):
+    alkstore worker flask_worker:tasks --url "$ALKSTORE_DATABASE_URL"
 """
 
 from __future__ import annotations
@@ -13,32 +16,30 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flask_shop import EMAILS, database_url
+from flask_shop import create_app, tasks
 
 import alkstore_sa as alk
 
-
-def send_email(job: alk.Job) -> None:
-    """The handler: returning acks the job; raising retries it with backoff (and
-    dead-letters it at max_attempts); ``alk.Fail`` dead-letters it at once."""
-    payload = job.payload
-    print(f"sent {payload['template']} to {payload['to']} for order {payload['order_id']}", flush=True)
+__all__ = ["main", "tasks"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="database URL (default: $ALKSTORE_DATABASE_URL or the example's SQLite file)")
-    parser.add_argument("--drain", action="store_true", help="exit once the queue is empty")
+    parser.add_argument("--drain", action="store_true", help="exit once the queues are empty")
     args = parser.parse_args(argv)
-    store = alk.Store(args.url or database_url())
     try:
-        store.check_schema()  # fails fast, naming the command, on a missing or older schema
-        worker = alk.Worker(store, EMAILS, send_email, concurrency=2)
-        worker.run(alk.StopToken(), burst=args.drain)  # Ctrl-C stops it (KeyboardInterrupt)
-        done = worker.processed
+        # The app (and its store) first: it checks the schema, failing fast with the command
+        # to run, and it is the app the tasks' application context comes from.
+        app = create_app(args.url)
     except alk.NotInstalled as exc:
         print(f"worker: {exc}", file=sys.stderr)
         return 2
+    store: alk.Store = app.extensions["alkstore"]
+    try:
+        worker = alk.Worker(store, tasks, concurrency=2)  # both queues, fairly shared
+        worker.run(alk.StopToken(), burst=args.drain)  # Ctrl-C stops it (KeyboardInterrupt)
+        done = worker.processed
     except KeyboardInterrupt:
         return 0
     finally:

@@ -29,9 +29,11 @@ class Shop:
 
     post: Callable[[dict[str, Any]], tuple[int, Any]]
     store: alk.Store
-    engine: sa.Engine
+    engine: sa.Engine  # a sync engine on the shop's database, for the test's own reads
+    app_engine: sa.Engine  # the engine the app's requests run on (an async engine's sync_engine)
     worker: Path
     emails: str
+    queues: tuple[str, ...]  # every queue the app's tasks use
 
 
 def load(path: Path) -> ModuleType:
@@ -82,7 +84,7 @@ def flask_shop(url: str) -> Iterator[Shop]:
         engine = module.db.engine
     store = app.extensions["alkstore"]
     try:
-        yield Shop(post, store, engine, example / "flask_worker.py", module.EMAILS)
+        yield Shop(post, store, engine, engine, example / "flask_worker.py", module.EMAILS, tuple(module.tasks.queues()))
     finally:
         store.close()
         engine.dispose()
@@ -103,7 +105,10 @@ def fastapi_shop(url: str) -> Iterator[Shop]:
             return response.status_code, response.json()
 
         store = app.state.alkstore
-        yield Shop(post, store, store.engine, example / "fastapi_worker.py", module.EMAILS)
+        yield Shop(
+            post, store, store.engine, app.state.engine.sync_engine, example / "fastapi_worker.py",
+            module.EMAILS, tuple(module.tasks.queues()),
+        )
 
 
 SHOPS = {"flask": flask_shop, "fastapi": fastapi_shop}

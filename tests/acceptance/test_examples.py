@@ -1,11 +1,20 @@
-"""The Flask and FastAPI examples on both engines: an order and its email job commit together;
-a request that fails after its enqueue leaves neither; the example's worker process
-processes the job and acks it (the row is gone). And each example's one-command demo runs."""
+"""The Flask and FastAPI examples on both engines: an order and its task jobs commit together
+(Flask: two tasks on two queues; FastAPI: an async task enqueued with ``aenqueue`` in an
+``AsyncSession``); a request that fails after its enqueue leaves neither; the example's one
+worker process runs every task and acks its jobs (the rows are gone). Each example's
+one-command demo runs, and the async app under uvicorn commits each order with exactly one job."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+import signal
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,9 +22,10 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
-from tests.acceptance.shops import EXAMPLES, SHOPS, Shop, example_env, load, run_worker
+from tests.acceptance.shops import EXAMPLES, SHOPS, Shop, example_env, load, migrate, run_worker
 from tests.conftest import ENGINES, require_pg
 from tests.fresh_pg import fresh_pg_database
+from tests.support import WAIT, wait_for
 
 
 @pytest.fixture(params=ENGINES)
@@ -45,7 +55,7 @@ def _job_inserts(shop: Shop) -> list[str]:
     failing request did enqueue before it failed."""
     seen: list[str] = []
 
-    @sa.event.listens_for(shop.engine, "before_cursor_execute")
+    @sa.event.listens_for(shop.app_engine, "before_cursor_execute")
     def _record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
         if "INSERT INTO" in statement.upper() and "alkstore_jobs" in statement:
             seen.append(statement)
@@ -53,32 +63,47 @@ def _job_inserts(shop: Shop) -> list[str]:
     return seen
 
 
-def test_order_and_email_job_commit_together(shop: Shop, url: str) -> None:
+def _task_payload(task: str, *args: object, **kwargs: object) -> dict[str, object]:
+    return {"task": task, "args": list(args), "kwargs": kwargs}
+
+
+def test_order_and_its_task_jobs_commit_together(shop: Shop, url: str) -> None:
     q = shop.store.queue(shop.emails)
 
     status, body = shop.post({"email": "ada@example.com", "item": "tea"})
     assert status == 201, body
     claimed = q.claim_batch("probe", 10)  # exactly one job, visible to a claim after the commit
     assert [h.id for h in claimed] == [body["email_job_id"]]
-    assert claimed[0].payload == {"template": "order-confirmation", "order_id": body["order_id"], "to": "ada@example.com"}
+    assert claimed[0].payload == _task_payload(
+        "shop.send_email", body["order_id"], "ada@example.com", template="order-confirmation"
+    )
     assert claimed[0].ack()
+    if "stock" in shop.queues:  # the Flask app's second task, on its own queue, same transaction
+        stock = shop.store.queue("stock").claim_batch("probe", 10)
+        assert [h.id for h in stock] == [body["stock_job_id"]]
+        assert stock[0].payload == _task_payload("shop.reserve_stock", body["order_id"])
+        assert stock[0].ack()
 
     inserts = _job_inserts(shop)
     status, _ = shop.post({"email": "bob@example.com", "item": "cake", "card": "declined"})
     assert status == 402
-    assert len(inserts) == 1  # the job was written inside the request's transaction...
-    assert q.claim_one("probe") is None  # ...and rolled back with it, as was the order
-    assert q.stats().pending == 0 and q.stats().processing == 0
+    assert len(inserts) == len(shop.queues)  # the jobs were written inside the request's transaction...
+    for name in shop.queues:  # ...and rolled back with it, as was the order
+        assert shop.store.queue(name).claim_one("probe") is None
+        assert shop.store.queue(name).stats().pending == 0 and shop.store.queue(name).stats().processing == 0
     assert _orders(shop) == 1
 
     status, body = shop.post({"email": "cy@example.com", "item": "jam"})
     assert status == 201
-    worker = run_worker(shop, url)
+    worker = run_worker(shop, url)  # one worker process, every queue of the app's registry
     assert worker.returncode == 0, worker.stderr
     assert f"sent order-confirmation to cy@example.com for order {body['order_id']}" in worker.stdout
-    assert "worker: 1 job(s) done" in worker.stdout
+    if "stock" in shop.queues:  # ran in the Flask application context: it read db.session
+        assert f"reserved jam for order {body['order_id']} (job {body['stock_job_id']})" in worker.stdout
+    assert f"worker: {len(shop.queues)} job(s) done" in worker.stdout
     assert q.get_job(body["email_job_id"]) is None  # acked: the row is gone, not dead
-    assert q.stats().pending == 0 and q.stats().dead == 0
+    for name in shop.queues:
+        assert shop.store.queue(name).stats().pending == 0 and shop.store.queue(name).stats().dead == 0
     assert _orders(shop) == 2
 
 
@@ -94,6 +119,9 @@ def test_demo_runs_in_one_command(example: str, tmp_path: Path) -> None:
     assert "orders in the database: 1" in demo.stdout
     assert "emails pending before the worker: 1" in demo.stdout
     assert "emails pending after the worker: 0" in demo.stdout
+    if example == "flask_app":  # the second task's queue, drained by the same worker
+        assert "stock reservations pending before the worker: 1" in demo.stdout
+        assert "stock reservations pending after the worker: 0" in demo.stdout
 
 
 @pytest.mark.parametrize("example", ["flask", "fastapi"])
@@ -104,9 +132,88 @@ def test_example_fails_fast_before_its_migrations(example: str, tmp_path: Path) 
     directory = EXAMPLES / f"{example}_app"
     module = load(directory / f"{example}_shop.py")
     with pytest.raises(alk.NotInstalled, match="alembic upgrade head"):
-        module.create_app(url)
+        if example == "flask":
+            module.create_app(url)
+        else:  # the async app makes its engine and store in its lifespan: startup fails
+            from fastapi.testclient import TestClient
+
+            with TestClient(module.create_app(url)):
+                pass
     worker = subprocess.run(
         [sys.executable, str(directory / f"{example}_worker.py"), "--drain", "--url", url],
         capture_output=True, text=True, timeout=120,
     )
     assert worker.returncode == 2 and "alembic upgrade head" in worker.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _post_orders(base: str, count: int) -> list[tuple[int, dict[str, object]]]:
+    """``count`` orders, at most 16 in flight (loopback; every 5th card declined)."""
+    import httpx
+
+    gate = asyncio.Semaphore(16)
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+
+        async def one(i: int) -> tuple[int, dict[str, object]]:
+            body = {"email": f"u{i}@example.com", "item": f"item-{i}", "card": "declined" if i % 5 == 0 else "ok"}
+            async with gate:
+                response = await client.post("/orders", json=body)
+            return response.status_code, response.json()
+
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def test_async_app_under_uvicorn_each_committed_order_has_one_processed_job(url: str) -> None:
+    """200 concurrent requests to the async FastAPI app served by uvicorn: every committed
+    order has exactly one job, which the worker runs exactly once; declined ones leave neither."""
+    example = EXAMPLES / "fastapi_app"
+    migrate(example, url)
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "fastapi_shop:create_app", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=example, env=example_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            assert server.poll() is None, server.communicate()[1]
+            try:
+                with urllib.request.urlopen(f"{base}/orders/0", timeout=5):
+                    return False
+            except urllib.error.HTTPError as exc:
+                return exc.code == 404  # the app answers: its lifespan has run
+            except OSError:
+                return False
+
+        wait_for(ready, "uvicorn serving the example", timeout=WAIT)
+        results = asyncio.run(_post_orders(base, 200))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+
+    assert sorted({status for status, _ in results}) == [201, 402]
+    committed = {int(str(body["order_id"])) for status, body in results if status == 201}
+    assert len(committed) == 160
+    store = alk.Store(url)
+    try:
+        with store.engine.connect() as conn:
+            assert set(conn.scalars(sa.text("SELECT id FROM orders"))) == committed  # declined: no order
+        assert store.queue("emails").stats().pending == 160  # ...and no job
+        worker = subprocess.run(
+            [sys.executable, str(example / "fastapi_worker.py"), "--drain", "--url", url], cwd=example,
+            capture_output=True, text=True, timeout=120,
+        )
+        assert worker.returncode == 0, worker.stderr
+        sent = Counter(int(n) for n in re.findall(r"sent order-confirmation to \S+ for order (\d+)", worker.stdout))
+        assert set(sent) == committed and set(sent.values()) == {1}  # each order's job ran exactly once
+        stats = store.queue("emails").stats()
+        assert stats.pending == 0 and stats.processing == 0 and stats.dead == 0
+    finally:
+        store.close()

@@ -1,5 +1,5 @@
 """Child-process side of the tasks drain test: a ``Tasks`` registry (sync, async, and a task
-that asks for a retry on its first attempt) over three queues, and a worker process that
+that asks for a retry on its first attempt) over two queues, and a worker process that
 serves it. Spawn-safe: module level imports only, every child builds its own store.
 
 Each run of a task records ``(job id, attempt, worker, ok)`` in the spec's table — read
@@ -37,7 +37,8 @@ class Sink:
 
 
 def registry(prefix: str) -> alk.Tasks:
-    """The registry both the test and the worker processes build: three tasks, three queues."""
+    """The registry both the test and the worker processes build: three tasks on two queues
+    (a sync queue, and an async queue shared by the plain and the flaky async task)."""
     tasks = alk.Tasks()
 
     @tasks.task(queue=f"{prefix}-plain", name=PLAIN)
@@ -49,7 +50,7 @@ def registry(prefix: str) -> alk.Tasks:
         await asyncio.sleep(0)
         await asyncio.to_thread(Sink.record, True)  # a blocking write, kept off the loop
 
-    @tasks.task(queue=f"{prefix}-flaky", name=FLAKY)
+    @tasks.task(queue=f"{prefix}-awaited", name=FLAKY)
     async def flaky(i: int) -> None:
         job = alk.current_job()
         assert job is not None
@@ -62,7 +63,7 @@ def registry(prefix: str) -> alk.Tasks:
 
 
 def tasks_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Serve the registry's three queues with ``spec['concurrency']`` until they are all
+    """Serve the registry's two queues with ``spec['concurrency']`` until they are all
     empty (nothing pending or processing)."""
     store = alk.Store(spec["url"], schema=spec["schema"])
     try:
