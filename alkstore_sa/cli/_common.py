@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import signal
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,13 +83,19 @@ def stop_on_signals(stopping: str = "stopping") -> StopToken:
     signal is logged with what happens next (``stopping``)."""
     stop = StopToken()
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        name = signal.Signals(signum).name
+    def stop_after(name: str) -> None:
         if stop.stopped:
             log.info("received %s again; already stopping", name)
         else:
             log.info("received %s; %s", name, stopping)
         stop.stop()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        # A handler runs in the main thread between two bytecodes, possibly while that thread
+        # holds a lock stopping needs (the token's, an Event's, a log handler's): taking it
+        # here would deadlock, so the stop (and its log line) happen on a thread of their own.
+        name = signal.Signals(signum).name
+        threading.Thread(target=stop_after, args=(name,), name="alkstore-signal", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
