@@ -93,15 +93,21 @@ def _listener_port(db: Target, hub: pg_listener.PgHub) -> tuple[int, int]:
     return pid, port
 
 
-def test_half_open_listener_is_noticed_and_recovers(pg: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def half_open_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """iptables usable here (a failure under CI, a skip elsewhere), and the listener's
+    health-check knobs shrunk: idle 0.5 s before a check, 2 s for its answer."""
     reason = _iptables_reason()
     if reason:
         if IN_CI:
             pytest.fail(reason)
         pytest.skip(reason)
-    # the module-level knobs, shrunk: idle 0.5 s before a check, 2 s for its answer
     monkeypatch.setattr(pg_listener, "HEALTH_CHECK_INTERVAL", 0.5)
     monkeypatch.setattr(pg_listener, "HEALTH_CHECK_TIMEOUT", 2.0)
+
+
+@pytest.mark.usefixtures("half_open_ready")
+def test_half_open_listener_is_noticed_and_recovers(pg: Target) -> None:
     store = pg.store()
     old_pid = None
     try:
@@ -125,15 +131,9 @@ def test_half_open_listener_is_noticed_and_recovers(pg: Target, monkeypatch: pyt
         _terminate(pg, old_pid)
 
 
-def test_idle_half_open_listener_reconnects_within_the_bound(pg: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("half_open_ready")
+def test_idle_half_open_listener_reconnects_within_the_bound(pg: Target) -> None:
     """Nobody calls listen(): the idle health check alone finds the dead connection."""
-    reason = _iptables_reason()
-    if reason:
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    monkeypatch.setattr(pg_listener, "HEALTH_CHECK_INTERVAL", 0.5)
-    monkeypatch.setattr(pg_listener, "HEALTH_CHECK_TIMEOUT", 2.0)
     store = pg.store()
     old_pid = None
     try:
