@@ -27,6 +27,12 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# Sustained load on PostgreSQL (docs/performance.md, "Sustained load"): 10 minutes by
+# default; `make bench-soak SOAK_ARGS=--quick` runs 1 minute (other options: --help).
+.PHONY: bench-soak
+bench-soak: $(STAMP)
+	$(PY) -m benchmarks.soak $(SOAK_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info
 

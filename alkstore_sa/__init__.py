@@ -18,7 +18,16 @@ from .errors import (
     StoreClosed,
 )
 from .locks import Lock
-from .model import Event, Job, LockInfo, QueueSettings, QueueStats, Schedule, SweepResult
+from .model import (
+    Event,
+    Job,
+    LockInfo,
+    QueueSettings,
+    QueueStats,
+    Schedule,
+    SweepResult,
+    WorkerInfo,
+)
 from .notify import Notification, Subscription
 from .outbox import Outbox
 from .queue import JobHandle, Queue, QueueOpts
@@ -80,6 +89,7 @@ __all__ = [
     "Task",
     "Tasks",
     "Worker",
+    "WorkerInfo",
     "aenqueue",
     "aenqueue_many",
     "aget_job",

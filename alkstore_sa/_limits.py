@@ -176,3 +176,13 @@ def limit_wait(store: Store, queue: str) -> tuple[float | None, bool] | None:
     if view.room(1) > 0:
         return None
     return view.blocked_for(), view.concurrency_full
+
+
+def describe(settings: QueueSettings) -> str:
+    """One line for people: what holds the queue back ("-": nothing)."""
+    parts = ["paused"] if settings.paused else []
+    if settings.concurrency is not None:
+        parts.append(f"concurrency {settings.concurrency}")
+    if settings.rate_limit is not None:
+        parts.append(f"rate {settings.rate_limit}/{settings.rate_per:g}s")
+    return ", ".join(parts) or "-"

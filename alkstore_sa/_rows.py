@@ -63,6 +63,7 @@ def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:
         last_error=row[_STATE + 1] if dead else None,
         died_at=ts(row[_STATE + 2]) if dead else None,
         unique_key=row[_I["unique_key"]],
+        trace_context=row[_I["trace_context"]],
     )
 
 

@@ -16,6 +16,8 @@ class Job:
     Durations are float seconds; timestamps are timezone-aware UTC datetimes.
     ``last_error`` and ``died_at`` are set for dead jobs only. ``unique_key`` is the key the
     job was enqueued with (SPEC §14); a dead job keeps it as history without holding it.
+    ``trace_context`` is the W3C trace context of a traced enqueue (``alkstore_sa.tracing``),
+    as JSON text (``{"traceparent": ..., "tracestate": ...}``); None when it was not traced.
     """
 
     id: int
@@ -38,6 +40,7 @@ class Job:
     last_error: str | None = None
     died_at: datetime | None = None
     unique_key: str | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,3 +116,17 @@ class QueueSettings:
     concurrency: int | None = None
     rate_limit: int | None = None
     rate_per: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A live worker as its registry row records it (SPEC §15): refreshed at least every
+    30 s; one that stopped refreshing for three refresh intervals is no longer listed."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime
+    last_seen: datetime

@@ -230,8 +230,29 @@ class Queue:
                 landed += self.store.backend.ack_batch(ex, params)
             if claims:
                 params = {"queue": self.name, "ids": list(claims), "attempts": list(claims.values()), "now": self.store.now()}
-                landed += self.store.backend.ack_claims(ex, params)
+                landed += len(self.store.backend.ack_claims(ex, params))
         return landed
+
+    def _ack_claims(self, handles: list[JobHandle]) -> set[tuple[int, int]]:
+        """Ack each handle under its own claim, in one statement, consuming them; the
+        (id, attempt) claims that landed. The worker's batched acks: unlike ``ack_batch`` it
+        says which handles landed, so each job's outcome is known exactly."""
+        self.store._check_open()
+        if any(h.consumed for h in handles):
+            raise HandleConsumed()
+        for h in handles:
+            h._consume()
+        if not handles:
+            return set()
+        claims = sorted({(h.id, h._attempts) for h in handles})
+        params = {
+            "queue": self.name, "ids": [c[0] for c in claims], "attempts": [c[1] for c in claims],
+            "now": self.store.now(),
+        }
+        # Retried once after a disconnect, like JobHandle.ack: a repeat can only act on the
+        # same claims, so it deletes nothing the first attempt would not have.
+        with self.store.executor(retry=True) as ex:
+            return set(self.store.backend.ack_claims(ex, params))
 
     def cancel(self, job_id: int) -> bool:
         """Delete a live job of this queue, pending or processing (not an interrupt)."""
@@ -265,7 +286,7 @@ class Queue:
 
     def requeue_dead(self, job_id: int) -> int | None:
         """Move a dead job of this queue back as a fresh job (new id, this handle's stamps,
-        the dead job's payload, priority and unique key), in one transaction; None if there
+        the dead job's payload, priority, unique key and trace context), in one transaction; None if there
         is none. When a live job holds the dead job's key, nothing is written (the dead row
         stays) and the live job's id is returned, as an enqueue with that key would."""
         self.store._check_open()
@@ -279,6 +300,16 @@ class Queue:
         params["id"] = job_id
         with self.store.executor() as ex:
             return self.store.backend.requeue_dead(ex, params)
+
+    def delete_dead(self, job_id: int) -> bool:
+        """Delete a dead job of this queue for good (discarding a dead letter); False when
+        this queue has no dead job with that id (live jobs are never touched)."""
+        self.store._check_open()
+        job_id = v.job_id(job_id)
+        if not v.in_int64(job_id):
+            return False
+        with self.store.executor(retry=True) as ex:  # a repeat finds nothing to delete
+            return self.store.backend.delete_dead(ex, {"id": job_id, "queue": self.name})
 
     def sweep_expired(self) -> SweepResult:
         """Move every row past its ``expires_at`` (pending and processing) to dead as

@@ -8,6 +8,8 @@ produce exactly this (a test compares them).
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 DEFAULT_SCHEMA = "alkstore"
@@ -50,6 +52,9 @@ jobs = sa.Table(
     *_stamp_columns(),
     # Step 2: a live job's unique key (SPEC §14): at most one live job per (queue, key).
     sa.Column("unique_key", sa.Text, nullable=True),
+    # Step 3: the W3C trace context of the enqueue (tracing enabled), linked from each
+    # execution's span; None when the producer was not traced.
+    sa.Column("trace_context", sa.Text, nullable=True),
     sa.CheckConstraint("state IN ('pending', 'processing')", name="alkstore_jobs_state_ck"),
     sqlite_autoincrement=True,  # ids are never reused: get_job is id-global
 )
@@ -100,6 +105,7 @@ dead_jobs = sa.Table(
     sa.Column("last_error", sa.Text, nullable=False),
     sa.Column("died_at", sa.Double, nullable=False),
     sa.Column("unique_key", sa.Text, nullable=True),  # step 2: history only, holds nothing
+    sa.Column("trace_context", sa.Text, nullable=True),  # step 3: a requeue keeps the link
 )
 sa.Index("alkstore_dead_jobs_queue_ix", dead_jobs.c.queue, dead_jobs.c.id)
 sa.Index(
@@ -109,6 +115,48 @@ sa.Index(
     postgresql_where=sa.text("dead_letter_retention IS NOT NULL"),
     sqlite_where=sa.text("dead_letter_retention IS NOT NULL"),
 )
+
+# Step 3, PostgreSQL storage parameters of the two tables that churn (docs/performance.md,
+# "Sustained load"): what the migrations set, also applied by ``metadata.create_all`` (the
+# ALTER runs after the table's CREATE, PostgreSQL only). A test compares them with a
+# migrated schema's ``pg_class.reloptions``.
+STORAGE_PARAMS: dict[str, dict[str, str]] = {
+    "alkstore_jobs": {
+        "autovacuum_vacuum_scale_factor": "0.01",
+        "autovacuum_vacuum_threshold": "500",
+        "autovacuum_analyze_scale_factor": "0.02",
+        "autovacuum_analyze_threshold": "500",
+        "autovacuum_vacuum_cost_delay": "1",
+    },
+    "alkstore_dead_jobs": {
+        "autovacuum_vacuum_scale_factor": "0.05",
+        "autovacuum_analyze_scale_factor": "0.05",
+    },
+}
+
+
+def _with_storage_params(table: sa.Table) -> sa.Table:
+    """Attach the table's STORAGE_PARAMS to its CREATE (PostgreSQL only; a copy made with
+    ``to_metadata`` does not inherit event listeners, so ``metadata_for`` calls this too)."""
+    params = STORAGE_PARAMS.get(table.name)
+    if params:
+        settings = ", ".join(f"{k} = {v}" for k, v in params.items())
+
+        def apply(target: sa.Table, connection: sa.Connection, **_: Any) -> None:
+            if connection.dialect.name == "postgresql":
+                # quoted by hand: the preparer doubles a "%" for the paramstyle and
+                # sa.text() doubles it again (a schema may be named "a%b")
+                name = '"' + target.name.replace('"', '""') + '"'
+                if target.schema is not None:
+                    name = '"' + target.schema.replace('"', '""') + '".' + name
+                connection.execute(sa.text(f"ALTER TABLE {name} SET ({settings})"))
+
+        sa.event.listen(table, "after_create", apply)
+    return table
+
+
+_with_storage_params(jobs)
+_with_storage_params(dead_jobs)
 
 # SQLite's notify/listen transport (unused on PostgreSQL, which has LISTEN/NOTIFY): a
 # watcher reads rows past the last id it saw; notify prunes old rows as it inserts, so the
@@ -183,6 +231,23 @@ queue_claims = sa.Table(
 )
 sa.Index("alkstore_queue_claims_ix", queue_claims.c.queue, queue_claims.c.claimed_at, queue_claims.c.total)
 
+# Step 3, the worker registry (SPEC §15): one row per running Worker, refreshed on its
+# heartbeat; a row is live until expires_at (last_seen plus three refresh intervals) and
+# each refresh deletes lapsed rows, so the table holds about the live workers.
+workers = sa.Table(
+    "alkstore_workers",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("hostname", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("queues", sa.Text, nullable=False),  # JSON list of queue names
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("last_seen", sa.Double, nullable=False),
+    sa.Column("expires_at", sa.Double, nullable=False),
+)
+sa.Index("alkstore_workers_expires_ix", workers.c.expires_at)
+
 # Streams: an append-only log per stream name. Offsets come from the stream's counter row,
 # which each publish increments and keeps row-locked until its transaction ends, so
 # publishers of one stream commit in offset order and a reader can never pass a gap that a
@@ -210,14 +275,17 @@ stream_offsets = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
 )
 
-JOB_FIELDS: tuple[str, ...] = ("id",) + tuple(c.name for c in _stamp_columns()) + ("unique_key",)
+JOB_FIELDS: tuple[str, ...] = (
+    ("id",) + tuple(c.name for c in _stamp_columns()) + ("unique_key", "trace_context")
+)
 """Column order of every job row read by the backends (state and dead-only fields follow);
-the columns live and dead storage share, so a move to dead copies exactly these."""
+the columns live and dead storage share, so a move to dead copies exactly these (a dead
+job keeps its trace context, and a requeue of it links to the original enqueue)."""
 
 
 def metadata_for(schema: str | None) -> sa.MetaData:
     """A copy of ``metadata`` with its tables in ``schema`` (None: no schema, as on SQLite)."""
     md = sa.MetaData()
     for table in metadata.tables.values():
-        table.to_metadata(md, schema=schema)  # type: ignore[arg-type]  # None: no schema
+        _with_storage_params(table.to_metadata(md, schema=schema))  # type: ignore[arg-type]  # None: no schema
     return md

@@ -4,12 +4,14 @@ pool rules (_connections)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -28,7 +30,7 @@ from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
 from ._urls import engine_from_url, sqlite_path
 from .errors import InvalidOptions, StoreClosed
-from .model import Job, QueueSettings, QueueStats, Schedule
+from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
 
 if TYPE_CHECKING:
@@ -315,6 +317,20 @@ class Store:
             for name, (p, r, pr, d, oldest) in sorted(rows.items())
         }
 
+    def workers(self) -> list[WorkerInfo]:
+        """The running workers that refreshed their registry row recently enough (SPEC
+        §15), oldest first; one that stopped refreshing is gone after three intervals."""
+        self._check_open()
+        with self.executor(retry=True) as ex:  # a read
+            rows = self.backend.workers_live(ex, {"now": self.now()})
+        return [
+            WorkerInfo(
+                id=wid, hostname=host, pid=int(pid), queues=tuple(json.loads(queues)),
+                concurrency=int(concurrency), started_at=_utc(started), last_seen=_utc(seen),
+            )
+            for wid, host, pid, queues, concurrency, started, seen in rows
+        ]
+
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id, live or dead, in any queue; None when there is none."""
         self._check_open()
@@ -404,3 +420,7 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
             f"register the application's: Store(create_engine(...)).register(engine)"
         ) from None
     return own, True, app
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(float(epoch), timezone.utc)

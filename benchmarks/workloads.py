@@ -4,6 +4,7 @@ the issue's targets (ratios to the floor in the same run)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,13 +16,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
+from alkstore_sa.worker import observe
+from benchmarks import traced
 from benchmarks.env import Env, sqlite_pragmas
 from benchmarks.floor import QUEUE, WORKER, Steps
+from benchmarks.many_queues import PER_QUEUE, drain_queues
 
 SESSION_QUEUE = "bench-session"
 TASKS_QUEUE = "bench-tasks"
 TASKS_CONCURRENCY = 8  # the Tasks worker's concurrency, hence its claim size (a claim fills free slots)
-TASKS_STEP = 400  # jobs per timed worker run: a burst run starts and stops its threads each time
+TASKS_STEP = 400  # jobs per timed step of the running Tasks worker (enqueued untimed before it)
 PROC_BATCH = 10  # rows per claim for the 4-process drain (the issue's 4-consumer floor)
 # Limits that never bind (4 processes x 10 hold at most 40 claims; about 20,000 claims a
 # second at most): the limited drains measure what the limited claim path costs, not the
@@ -63,6 +67,37 @@ def drain(q: alk.Queue, batch: int, worker: str, limit: int | None = None) -> in
         ack_batch([h.id for h in hs])
         done += len(hs)
     return done
+
+
+class _Outcomes:
+    """The worker's metrics hook (``alkstore_sa.worker.observe``) as a counter: the benchmark
+    learns from it when a step's last ack landed."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.other = 0  # anything but an ack: the no-op task never fails, so this stays 0
+        self.target = 0  # the waiting step is woken once, when this many were acked
+        self._changed = threading.Condition()
+
+    def started(self, job: alk.Job) -> None:
+        pass
+
+    def finished(self, job: alk.Job, outcome: str, duration: float | None) -> None:
+        with self._changed:
+            if outcome == observe.ACKED:
+                self.acked += 1
+            else:
+                self.other += 1
+            if self.acked >= self.target or self.other:
+                self._changed.notify_all()
+
+    def wait_for(self, acked: int, timeout: float = 120.0) -> None:
+        with self._changed:
+            self.target = acked
+            if not self._changed.wait_for(lambda: self.acked >= acked or self.other > 0, timeout):
+                raise RuntimeError(f"tasks worker: {self.acked} of {acked} jobs acked after {timeout}s")
+            if self.other:
+                raise RuntimeError(f"tasks worker: {self.other} job(s) not acked")
 
 
 class Alk:
@@ -147,7 +182,10 @@ class Alk:
 
     def drain_tasks(self, items: Sequence[Any], mode: str) -> Steps:
         """A ``Tasks`` worker (concurrency 8) with one no-op task (``def`` or ``async def``),
-        ``run(burst=True)`` per step over the step's jobs, enqueued before it (untimed)."""
+        started once per repetition (untimed) and running throughout, as in production.
+        Each step enqueues its chunk (untimed), then is timed from that commit until the
+        last of its jobs' acks landed (the worker's wake-up included), as counted by the
+        worker's metrics hook."""
         self.reset()
         tasks = alk.Tasks()
         if mode == "sync":
@@ -158,23 +196,38 @@ class Alk:
                 return None
         task = tasks.task(queue=TASKS_QUEUE, name=f"bench.noop_{mode}")(noop)
         q = self.store.queue(TASKS_QUEUE)
-        count = (f"SELECT count(*) FROM {self.env.jobs} WHERE queue = "
-                 f"{'%s' if self.env.kind == 'postgresql' else '?'}")
+        done = _Outcomes()
+        previous = observe.install(done)
+        stop = alk.StopToken()
+        worker = alk.Worker(self.store, tasks, concurrency=TASKS_CONCURRENCY, worker_id=WORKER)
+        thread = threading.Thread(target=worker.run, args=(stop,), name="bench-tasks-worker", daemon=True)
+        thread.start()
 
-        def step(chunk: Sequence[Any]) -> float:
-            for i in range(0, len(chunk), 1000):  # the task's payload shape (SPEC §12)
-                q.enqueue_many([{"task": task.name, "args": [p], "kwargs": {}} for p in chunk[i : i + 1000]])
-            self.env.settle()
-            worker = alk.Worker(self.store, tasks, concurrency=TASKS_CONCURRENCY, worker_id=WORKER)
+        def run(chunk: Sequence[Any]) -> float:
+            calls = [{"task": task.name, "args": [p], "kwargs": {}} for p in chunk]  # SPEC §12 shape
+            target = done.target = done.acked + len(chunk)
+            for i in range(0, len(calls), 1000):
+                q.enqueue_many(calls[i : i + 1000])
             t0 = time.perf_counter()
-            worker.run(burst=True)
-            elapsed = time.perf_counter() - t0
-            left = self.env.scalar(count, (TASKS_QUEUE,))
-            if worker.processed != len(chunk) or left:
-                raise RuntimeError(f"tasks worker ran {worker.processed} of {len(chunk)} jobs, {left} left")
-            return elapsed
+            done.wait_for(target)
+            return time.perf_counter() - t0
 
-        return Steps(step)
+        def close() -> None:
+            stop.stop()
+            thread.join(60)
+            observe.install(previous)
+            left = self.env.scalar(self._count_sql(), (TASKS_QUEUE,))
+            if thread.is_alive() or done.other or left:
+                raise RuntimeError(
+                    f"tasks worker: {done.acked} acked, {done.other} other outcomes, {left} jobs left"
+                )
+
+        run(payloads(TASKS_CONCURRENCY, start=-TASKS_CONCURRENCY))  # untimed: the worker is up and its threads started
+        self.env.settle()
+        return Steps(run, close)
+
+    def _count_sql(self) -> str:
+        return f"SELECT count(*) FROM {self.env.jobs} WHERE queue = {'%s' if self.env.kind == 'postgresql' else '?'}"
 
     def enqueue_many(self, items: Sequence[Any], per_tx: int = 1000) -> Steps:
         self.reset()
@@ -310,14 +363,14 @@ WORKLOADS: tuple[Workload, ...] = (
         f"one-statement claim of {TASKS_CONCURRENCY} + one-statement delete", unit=TASKS_CONCURRENCY,
     ),
     Workload(
-        "drain_tasks_sync", f"drain, `Tasks` worker, concurrency {TASKS_CONCURRENCY}, sync no-op task (`run(burst=True)`)",
+        "drain_tasks_sync", f"drain, `Tasks` worker, concurrency {TASKS_CONCURRENCY}, sync no-op task (steady state)",
         lambda a, _: partial(a.drain_tasks, mode="sync"),
         lambda a, _: partial(a.drain_steps, batch=TASKS_CONCURRENCY),
         f"not a raw floor: the handle drain, `claim_batch({TASKS_CONCURRENCY})` + `ack_batch`",
         targets=(("postgresql", 0.7), ("sqlite", 0.7)), unit=TASKS_STEP, floor_on_alk=True,
     ),
     Workload(
-        "drain_tasks_async", f"drain, `Tasks` worker, concurrency {TASKS_CONCURRENCY}, async no-op task (`run(burst=True)`)",
+        "drain_tasks_async", f"drain, `Tasks` worker, concurrency {TASKS_CONCURRENCY}, async no-op task (steady state)",
         lambda a, _: partial(a.drain_tasks, mode="async"),
         lambda a, _: partial(a.drain_steps, batch=TASKS_CONCURRENCY),
         f"not a raw floor: the handle drain, `claim_batch({TASKS_CONCURRENCY})` + `ack_batch`",
@@ -345,5 +398,33 @@ WORKLOADS: tuple[Workload, ...] = (
         lambda f, pool: partial(f.drain_procs, run_pool=pool.run, batch=PROC_BATCH),
         f"the unlimited floor (claim of {PROC_BATCH} + delete), 4 processes",
         interleave=False,
+    ),
+    Workload(
+        "drain_many_queues",
+        f"drain, one `Worker` (concurrency 8) serving many queues, {PER_QUEUE} ready jobs each",
+        lambda a, _: lambda items: drain_queues(a, items, queues=max(1, len(items) // PER_QUEUE)),
+        lambda a, _: lambda items: drain_queues(a, items, queues=1),
+        "not a raw floor: the same worker on one queue holding the same jobs",
+        targets=(("postgresql", 0.8), ("sqlite", 0.8)), interleave=False, floor_on_alk=True,
+    ),
+    # What tracing costs (benchmarks/traced.py): the same library path, tracing on vs off
+    Workload(
+        "enqueue_one_traced", "enqueue, one job per transaction (`q.enqueue`), tracing on",
+        lambda a, _: partial(traced.enqueue_one, a, traced=True),
+        lambda a, _: partial(traced.enqueue_one, a, traced=False),
+        "not a raw floor: the same `q.enqueue` with tracing off", floor_on_alk=True,
+    ),
+    Workload(
+        "enqueue_many_traced", "batch enqueue (`enqueue_many`, 1,000 per transaction), tracing on",
+        lambda a, _: partial(traced.enqueue_many, a, traced=True),
+        lambda a, _: partial(traced.enqueue_many, a, traced=False),
+        "not a raw floor: the same `enqueue_many` with tracing off", unit=1000, floor_on_alk=True,
+    ),
+    Workload(
+        "drain_worker_traced",
+        f"drain, `Worker` (concurrency {traced.CONCURRENCY}), sync no-op handler, tracing on (steady state)",
+        lambda a, _: partial(traced.drain_worker, a, traced=True),
+        lambda a, _: partial(traced.drain_worker, a, traced=False),
+        "not a raw floor: the same worker with tracing off", unit=traced.STEP, floor_on_alk=True,
     ),
 )

@@ -5,6 +5,7 @@ differs."""
 
 from __future__ import annotations
 
+from .browse_ops import BrowseOps
 from .core import Core
 from .gauge_ops import GaugeOps
 from .inspect_ops import InspectOps
@@ -14,9 +15,13 @@ from .schedule_ops import ScheduleOps
 from .settings_ops import SettingsOps
 from .sql import Executor
 from .stream_ops import StreamOps
+from .worker_ops import WorkerOps
 
 
-class Backend(QueueOps, InspectOps, GaugeOps, LeaseOps, ScheduleOps, SettingsOps, StreamOps, Core):
+class Backend(
+    QueueOps, InspectOps, GaugeOps, BrowseOps, LeaseOps, ScheduleOps, SettingsOps, StreamOps,
+    WorkerOps, Core,
+):
     """Every operation of one engine; the engines subclass it."""
 
 

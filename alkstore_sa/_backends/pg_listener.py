@@ -35,6 +35,9 @@ log = logging.getLogger("alkstore_sa")
 HEALTH_CHECK_INTERVAL = 30.0  # idle seconds before the listener checks its connection
 HEALTH_CHECK_TIMEOUT = 10.0  # seconds any statement of the listener may wait for its answer
 LISTEN_TIMEOUT = 30.0  # how long listen() waits for a listener that cannot connect
+# an unsettled presence (an enqueue that may have missed it is still uncommitted): the
+# listener tries the barrier again after this long, doubling up to SETTLE_RETRY_MAX
+SETTLE_RETRY, SETTLE_RETRY_MAX = 0.001, 0.016
 PROBE_TIMEOUT = 10.0  # how long the round-trip probe waits for its own notification
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3  # seconds, seconds, probes
 TCP_USER_TIMEOUT_MS = 30_000  # unacknowledged data older than this kills the connection
@@ -66,6 +69,14 @@ class PgHub:
         # and how many connection attempts failed (a watch stops waiting on a failure)
         self._state = threading.Condition()
         self._active: set[str] = set()
+        # wake presence (advertise): the queue keys asked for and not yet taken, those whose
+        # shared presence lock the live connection holds, and for those whose barrier has
+        # not passed yet, when to try it again and the delay after that; the keys whose
+        # lock is to be given back (a wake arrived: the waiter it announced waits no more)
+        self._asked: set[str] = set()
+        self._held: set[str] = set()
+        self._unsettled: dict[str, tuple[float, float]] = {}
+        self._release: set[str] = set()
         self._failures = 0
         self._last_error = "not connected yet"
         self._conn: ListenConnection | None = None
@@ -109,6 +120,25 @@ class PgHub:
 
     def unwatch_queue(self, key: str, token: int) -> None:
         self.unsubscribe(key, token)
+
+    def advertise(self, key: str) -> None:
+        """Say that a consumer of the queue whose wake channel is ``key`` found it empty and
+        now waits for a wake: enqueues into it notify only while some listener advertises
+        (docs/performance.md, "Wakes"). Never waits: the listener thread takes the presence.
+
+        Presence is one-shot: the next wake of the queue withdraws it, and the consumer
+        advertises again when it next finds the queue empty. An enqueue that looked before
+        the presence was taken found nobody waiting; once every such enqueue has committed
+        (the barrier, tried again until it passes), the queue's consumers here get one
+        wake: their claim once more sees those jobs. A listener that is down takes nothing:
+        the consumers' re-poll covers."""
+        if self.listen_works is False:
+            return  # behind a transaction pooler: no wake would arrive, and a session lock is not ours
+        with self._state:
+            if key in self._asked or key in self._held or key not in self._active or self._closed.is_set():
+                return
+            self._asked.add(key)
+        self._send("hold", key)
 
     # a stream's publishes wake its subscribers exactly like enqueues wake a queue's consumers
     watch_stream = watch_queue
@@ -227,6 +257,10 @@ class PgHub:
         self._drop()
         with self._state:
             self._active.clear()
+            self._held.clear()  # the session's locks went with it
+            self._asked.clear()
+            self._unsettled.clear()
+            self._release.clear()
             self._failures += 1
             self._last_error = f"{type(exc).__name__}: {exc}"
             self._state.notify_all()
@@ -251,9 +285,14 @@ class PgHub:
             if self.fanout.has(key) or key not in self._active:
                 return
             self._active.discard(key)
+            held = key in self._held
+            self._forget(key)
+        if held:
+            self._release_presence(key)
         self._execute("UNLISTEN", key)
 
     def _drain_commands(self) -> None:
+        self._release_woken()
         while True:
             try:
                 op, key = self._commands.get_nowait()
@@ -261,21 +300,97 @@ class PgHub:
                 return
             if op == "listen":
                 self._listen(key)
+            elif op == "hold":
+                self._hold(key)
             else:
                 self._unlisten(key)
+            self._release_woken()
+
+    def _hold(self, key: str) -> None:
+        """Take the presence lock of ``key`` and try its barrier (an advertise)."""
+        with self._state:
+            self._asked.discard(key)
+            kept = key in self._release
+            if kept:  # its lock is still held: keep it instead of giving it back
+                self._release.discard(key)
+                self._held.add(key)
+            elif key in self._held or key not in self._active:
+                return
+        if kept:
+            self._settle(key)
+            return
+        settled = self._connection().hold_presence(key, HEALTH_CHECK_TIMEOUT)
+        with self._state:
+            self._held.add(key)
+        self._settled(key, settled)
+
+    def _settle(self, key: str) -> None:
+        """Try the barrier of a held presence (again)."""
+        with self._state:
+            if key not in self._held:
+                return  # withdrawn meanwhile (a wake: its consumers were woken)
+        self._settled(key, self._connection().settle(key, HEALTH_CHECK_TIMEOUT))
+
+    def _settled(self, key: str, settled: bool) -> None:
+        """The barrier's verdict: passed — wake the queue's consumers here for their claim
+        once more; not yet — try again after a delay (doubling, capped)."""
+        with self._state:
+            if key not in self._held:
+                return  # withdrawn while the barrier was tried: its consumers were woken
+            last = self._unsettled.pop(key, None)
+            if not settled:
+                delay = SETTLE_RETRY if last is None else min(last[1] * 2, SETTLE_RETRY_MAX)
+                self._unsettled[key] = (time.monotonic() + delay, delay)
+                return
+        self.fanout.dispatch(key, 0, "")
+
+    def _settle_due(self) -> None:
+        """Try the barriers whose retry time has come."""
+        now = time.monotonic()
+        with self._state:
+            due = [k for k, (at, _) in self._unsettled.items() if at <= now]
+        for key in due:
+            self._settle(key)
+
+    def _next_settle(self) -> float | None:
+        with self._state:
+            return min((at for at, _ in self._unsettled.values()), default=None)
+
+    def _connection(self) -> ListenConnection:
+        if self._conn is None:
+            raise ConnectionError("the listener has no connection")
+        return self._conn
+
+    def _forget(self, key: str) -> None:
+        """Drop what is known of ``key``'s presence (caller holds ``_state``)."""
+        self._held.discard(key)
+        self._unsettled.pop(key, None)
+
+    def _release_woken(self) -> None:
+        """Give back the presence locks of the queues whose wake arrived (``_dispatch``)."""
+        while self._release:
+            self._release_presence(self._release.pop())
+
+    def _release_presence(self, key: str) -> None:
+        self._connection().release_presence(key, HEALTH_CHECK_TIMEOUT)
 
     def _loop(self, conn: ListenConnection) -> None:
         with new_selector() as sel:
             sel.register(conn.fileno, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
             while not self._closed.is_set():
-                idle_left = conn.last_traffic + HEALTH_CHECK_INTERVAL - time.monotonic()
-                ready = {k.fd for k, _ in sel.select(max(0.0, idle_left))}
+                now = time.monotonic()
+                wait = conn.last_traffic + HEALTH_CHECK_INTERVAL - now
+                settle_at = self._next_settle()
+                if settle_at is not None:
+                    wait = min(wait, settle_at - now)
+                ready = {k.fd for k, _ in sel.select(max(0.0, wait))}
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
                 if conn.fileno in ready:
                     conn.receive()
                 self._drain_commands()
+                self._settle_due()
                 if time.monotonic() - conn.last_traffic >= HEALTH_CHECK_INTERVAL:
                     self._execute("SELECT 1")  # finds half-open connections, within a bound
 
@@ -287,8 +402,12 @@ class PgHub:
     def _dispatch(self, key: str, payload: str) -> None:
         if key == self._probe_key:
             self._probe_seen.set()
-        else:
-            self.fanout.dispatch(key, 0, payload)
+            return
+        with self._state:
+            if key in self._held:  # withdrawn before anyone is woken: a re-advertise follows the wake
+                self._forget(key)
+                self._release.add(key)
+        self.fanout.dispatch(key, 0, payload)
 
     # -- the round-trip probe ----------------------------------------------------------
 

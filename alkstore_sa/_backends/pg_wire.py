@@ -16,6 +16,17 @@ from typing import Any
 from .._fanout import new_selector
 from ..errors import DatabaseError
 
+# Advisory-lock classes (first key of the two-int form; the second is hashtext(wake channel))
+# of conditional wakes (docs/performance.md, "Wakes"; the enqueue side is in postgresql.py):
+# - presence ("alkw"): a listener session holds it SHARED while a consumer of the queue waits
+#   for a wake; an enqueue notifies only when it cannot take it EXCLUSIVE for an instant;
+# - barrier ("alkb"): every enqueue holds it SHARED until it commits; a listener that has
+#   just taken the presence takes it EXCLUSIVE for an instant — once it could, every enqueue
+#   that looked for the presence before it was taken has committed, and one more claim sees it.
+# The two-int form is a key space of its own: no bigint advisory lock can collide with it.
+WAKE_PRESENCE_CLASS = 0x616C6B77
+WAKE_BARRIER_CLASS = 0x616C6B62
+
 
 class ListenConnection:
     """One autocommit psycopg connection: bounded statements, and the notifications that
@@ -45,9 +56,51 @@ class ListenConnection:
     def execute(self, command: str, key: str | None, timeout: float) -> None:
         """Run ``command`` (with ``key`` as a quoted identifier after it); TimeoutError when
         the server has not answered within ``timeout`` seconds: the connection is dead."""
-        from psycopg import pq, sql
+        from psycopg import sql
 
         text = sql.SQL(command) if key is None else sql.SQL(command + " {}").format(sql.Identifier(key))
+        self._run(text, command, timeout)
+
+    def hold_presence(self, key: str, timeout: float) -> bool:
+        """Take this session's shared presence lock of the wake channel ``key`` (while it is
+        held, enqueues into that queue notify), then try the barrier: True when no enqueue
+        that could have missed the presence is still uncommitted. Bounded like ``execute``."""
+        from psycopg import sql
+
+        # OFFSET 0 fences the subquery: the presence is taken before the barrier is tried
+        text = sql.SQL(
+            "SELECT {barrier} FROM (SELECT pg_catalog.pg_advisory_lock_shared({p}, pg_catalog.hashtext({k})) "
+            "OFFSET 0) AS held"
+        ).format(barrier=self._barrier(key), p=sql.Literal(WAKE_PRESENCE_CLASS), k=sql.Literal(key))
+        return self._run(text, "pg_advisory_lock_shared", timeout) == b"t"
+
+    def settle(self, key: str, timeout: float) -> bool:
+        """Try the barrier of ``key`` again (see ``hold_presence``)."""
+        from psycopg import sql
+
+        return self._run(sql.SQL("SELECT {}").format(self._barrier(key)), "pg_try_advisory_lock", timeout) == b"t"
+
+    def release_presence(self, key: str, timeout: float) -> None:
+        from psycopg import sql
+
+        text = sql.SQL("SELECT pg_catalog.pg_advisory_unlock_shared({}, pg_catalog.hashtext({}))").format(
+            sql.Literal(WAKE_PRESENCE_CLASS), sql.Literal(key)
+        )
+        self._run(text, "pg_advisory_unlock_shared", timeout)
+
+    @staticmethod
+    def _barrier(key: str) -> Any:
+        from psycopg import sql
+
+        return sql.SQL(
+            "CASE WHEN pg_catalog.pg_try_advisory_lock({b}, pg_catalog.hashtext({k})) "
+            "THEN pg_catalog.pg_advisory_unlock({b}, pg_catalog.hashtext({k})) ELSE false END"
+        ).format(b=sql.Literal(WAKE_BARRIER_CLASS), k=sql.Literal(key))
+
+    def _run(self, text: Any, command: str, timeout: float) -> bytes | None:
+        """Send one statement, wait (bounded) for its end; the first value it returned."""
+        from psycopg import pq
+
         self._pg.send_query(text.as_bytes(self._conn))
         deadline = time.monotonic() + timeout
         while self._pg.flush():  # a nonblocking connection: 1 means "more to send"
@@ -56,12 +109,15 @@ class ListenConnection:
         while self._pg.is_busy():
             self._wait(selectors.EVENT_READ, deadline, timeout)
             self.receive()
-        error = None
+        error, value = None, None
         while (result := self._pg.get_result()) is not None:
             if result.status == pq.ExecStatus.FATAL_ERROR:
                 error = (result.error_message or b"").decode(errors="replace").strip()
+            elif result.status == pq.ExecStatus.TUPLES_OK and result.ntuples:
+                value = result.get_value(0, 0)
         if error:
             raise DatabaseError(f"listener statement {command} failed: {error}")
+        return value
 
     def _wait(self, events: int, deadline: float, timeout: float) -> None:
         left = deadline - time.monotonic()

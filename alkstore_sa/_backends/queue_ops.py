@@ -8,6 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .. import _tracing
 from ..errors import DatabaseError
 from ..schema import dead_jobs, jobs
 from .core import Core
@@ -20,8 +21,15 @@ from .sql import (
     PROCESSING,
     ZERO,
     Executor,
+    arg,
     bp,
 )
+
+# The first probe of a claim's priority walk: the largest value the priority column holds.
+TOP_PRIORITY: sa.ColumnClause[Any] = sa.literal_column(str(2**31 - 1))
+# Priority levels a claim's walk visits one index probe each; past them, its worst case is
+# the single ordered scan of the claim index it replaced (see QueueOps._priorities).
+WALK_LEVELS: sa.ColumnClause[Any] = sa.literal_column("32")
 
 # A unique enqueue that finds the key held, and then no holder, ran between the holder's
 # insert and its removal; each round is a fresh attempt, and this many in a row means
@@ -66,15 +74,26 @@ class QueueOps(Core):
         }
 
     def enqueue(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        tracer = _tracing.tracer
+        if tracer is not None and "trace_context" not in params:
+            # alkstore_sa.tracing: a PRODUCER span around the insert, which stores the span's
+            # context (the tracer always passes ``trace_context``, so this runs once)
+            return tracer.send(params["queue"], params, lambda traced: self.enqueue(ex, traced))
         if "unique_key" in params:
             return self.enqueue_unique(ex, params)[0]
-        sql = self.sql(
-            "enqueue",
-            lambda: self._with_wake(
-                sa.insert(jobs).values(self._enqueue_values(bp("payload", sa.Text))).returning(jobs.c.id)
-            ),
-        )
+        # A traced enqueue (alkstore_sa.tracing) also stores ``:trace_context``; an untraced
+        # one runs a statement that does not name the column at all.
+        if "trace_context" in params:
+            sql = self.sql("enqueue:traced", lambda: self._enqueue_insert(traced=True))
+        else:
+            sql = self.sql("enqueue", lambda: self._enqueue_insert(traced=False))
         return ex.rows(sql, params)[0][0]
+
+    def _enqueue_insert(self, *, traced: bool) -> sa.Executable:
+        values = self._enqueue_values(bp("payload", sa.Text))
+        if traced:
+            values["trace_context"] = bp("trace_context", sa.Text)
+        return self._with_wake(sa.insert(jobs).values(values).returning(jobs.c.id))
 
     def enqueue_unique(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, bool]:
         """Enqueue a job holding ``:unique_key`` unless a live job of the queue holds it:
@@ -85,7 +104,11 @@ class QueueOps(Core):
         to end. The holder's id is read after the insert conflicted; a holder acked in
         between is simply gone, and the next round inserts.
         """
-        insert = self.sql("enqueue:unique", self._unique_insert)
+        traced = "trace_context" in params
+        insert = self.sql(
+            "enqueue:unique:traced" if traced else "enqueue:unique",
+            lambda: self._unique_insert(traced=traced),
+        )
         held = self.sql(
             "enqueue:held",
             lambda: sa.select(jobs.c.id, sa.false().label("inserted")).where(
@@ -101,12 +124,14 @@ class QueueOps(Core):
             f"{UNIQUE_ROUNDS} times during the enqueue; nothing was written"
         )
 
-    def _unique_insert(self) -> sa.Executable:
+    def _unique_insert(self, *, traced: bool = False) -> sa.Executable:
         """The enqueue INSERT that yields to a live holder of the key: ``(id, true)`` when
         it inserted, no row when the key is held (PostgreSQL adds the wake and the holder's
-        id to the same statement)."""
+        id to the same statement). ``traced``: it also stores ``:trace_context``."""
         values = self._enqueue_values(bp("payload", sa.Text))
         values["unique_key"] = bp("unique_key", sa.Text)
+        if traced:
+            values["trace_context"] = bp("trace_context", sa.Text)
         return (
             self.upsert(jobs)
             .values(values)
@@ -117,17 +142,39 @@ class QueueOps(Core):
             .returning(jobs.c.id, sa.true().label("inserted"))
         )
 
-    @abc.abstractmethod
     def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
         """Insert one job per payload text in one statement; ids in payload order."""
+        tracer = _tracing.tracer
+        if tracer is not None:
+            # alkstore_sa.tracing: a PRODUCER span per job, each job storing its span's context
+            return tracer.send_many(
+                params["queue"], len(payloads), lambda contexts: self.insert_many(ex, params, payloads, contexts)
+            )
+        return self.insert_many(ex, params, payloads)
 
-    def _enqueue_many_from(self, value: Any, order: Any) -> sa.Executable:
-        """INSERT … SELECT of one job per ``value`` of a table-valued source, in ``order``."""
+    @abc.abstractmethod
+    def insert_many(
+        self,
+        ex: Executor,
+        params: Mapping[str, Any],
+        payloads: list[str],
+        contexts: list[str | None] | None = None,
+    ) -> list[int]:
+        """The statement of ``enqueue_many``; ``contexts``: each job's trace context,
+        parallel to ``payloads`` (a traced enqueue)."""
+
+    def _enqueue_many_from(self, value: Any, order: Any, context: Any = None, source: Any = None) -> sa.Executable:
+        """INSERT … SELECT of one job per ``value`` of a table-valued source, in ``order``
+        (with its ``context`` as the trace context, when given; ``source``: the FROM
+        clause, when the columns come from a join)."""
         values = self._enqueue_values(value)
+        if context is not None:
+            values["trace_context"] = context
+        select = sa.select(*values.values()).order_by(order)
+        if source is not None:
+            select = select.select_from(source)
         return self._with_wake(
-            sa.insert(jobs)
-            .from_select(list(values), sa.select(*values.values()).order_by(order))
-            .returning(jobs.c.id)
+            sa.insert(jobs).from_select(list(values), select).returning(jobs.c.id)
         )
 
     # -- claim -----------------------------------------------------------------------------
@@ -136,19 +183,69 @@ class QueueOps(Core):
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Move exhausted reclaimables to dead, then claim up to ``:n`` jobs, atomically."""
 
-    def _claimable(self, t: Any = jobs, now: Any = None) -> tuple[sa.Select[Any], sa.Select[Any]]:
-        """The two candidate scans, each an ordered index range: ready pending rows, and
-        processing rows whose claim lapsed with attempts left (reclaims). ``t`` may be an
-        alias of the jobs table and ``now`` a reference to the statement's one clock
-        reading (shorter SQL: see PostgresBackend.claim)."""
+    def _priorities(
+        self, t: Any = jobs, *, nesting: bool = False, now: Any = None, capped: bool = False
+    ) -> sa.CTE:
+        """The distinct priorities of the queue's pending rows, highest first (``pr.p``, at
+        depth ``pr.d``), as a loose index scan of the claim index: each step is one probe
+        for the next lower priority (``max(priority) < p``), so the walk costs one probe per
+        distinct priority, however many rows (delayed ones included) each holds. It starts
+        above every priority the column can hold, with that largest value itself (a probe
+        that finds nothing, or the jobs at it); its last row is NULL. ``nesting``: written
+        where it is used, not in front of the whole statement.
+
+        A claim bounds the walk, so that thousands of distinct priorities (all delayed)
+        cost no more than the one ordered scan of the index the walk replaced: with
+        ``now``, the probes after ``WALK_LEVELS`` levels look for the next priority that
+        has a due row (stepping over the delayed rows in between, as that scan did, each
+        row once); ``capped``, the walk stops after ``WALK_LEVELS`` levels, its last row
+        then being where the caller's own ordered scan takes over."""
+        pending = [t.c.queue == arg("queue"), t.c.state == PENDING]
+        pr = sa.select(TOP_PRIORITY.label("p"), ZERO.label("d")).cte("pr", recursive=True, nesting=nesting)
+        if now is not None:
+            pending.append(sa.or_(pr.c.d < WALK_LEVELS, t.c.run_at <= now))
+        lower = sa.select(sa.func.max(t.c.priority).label("p")).where(*pending, t.c.priority < pr.c.p)
+        more = [pr.c.p.is_not(None)] + ([pr.c.d < WALK_LEVELS] if capped else [])
+        return pr.union_all(
+            sa.select(lower.scalar_subquery().label("p"), (pr.c.d + ONE).label("d")).where(*more)
+        )
+
+    def _ready(self, t: Any, now: Any) -> list[sa.ColumnElement[bool]]:
+        """Ready pending rows of the queue: due, and not expired."""
+        return [
+            t.c.queue == arg("queue"),
+            t.c.state == PENDING,
+            t.c.run_at <= now,
+            self.not_expired(t, now),
+        ]
+
+    def _claimable(
+        self, t: Any = jobs, now: Any = None
+    ) -> tuple[sa.Select[Any] | sa.CompoundSelect, sa.Select[Any]]:
+        """The two candidate scans, each up to ``:n`` rows in claim order: ready pending
+        rows, and processing rows whose claim lapsed with attempts left (reclaims). ``t``
+        may be an alias of the jobs table and ``now`` a reference to the statement's one
+        clock reading (shorter SQL: see PostgresBackend.claim).
+
+        The pending side (SQLite's; PostgreSQL's claim reads it its own way) reads the
+        claim index once per priority the queue holds (``IN`` the walk of
+        ``_priorities``), each read an index range bounded by ``run_at <= now``: delayed
+        rows of a higher priority are never stepped over one by one (SQLite walks the
+        ``IN`` list in descending order, so the ORDER BY needs no sort). Past the capped
+        walk's ``WALK_LEVELS`` levels, one ordered scan below its last level, as before
+        the walk (when the walk ended first, that range is empty: one probe)."""
         now = self.now() if now is None else now
         order = (t.c.priority.desc(), t.c.run_at, t.c.id)
         cols = (t.c.id, t.c.priority, t.c.run_at)
-        queue = t.c.queue == bp("queue", sa.Text)
-        pending = (
-            sa.select(*cols)
-            .where(queue, t.c.state == PENDING, t.c.run_at <= now, self.not_expired(t, now))
-            .order_by(*order)
+        queue = t.c.queue == arg("queue")
+        pr = self._priorities(t, capped=True)
+        # below the walk's lowest level: when the walk ended first, no pending row is there
+        floor = sa.select(sa.func.min(pr.c.p)).scalar_subquery()
+        walked = sa.select(*cols).where(*self._ready(t, now), t.c.priority.in_(sa.select(pr.c.p)))
+        rest = sa.select(*cols).where(*self._ready(t, now), t.c.priority < floor)
+        pending = sa.union_all(
+            sa.select(self.limit(walked.order_by(*order), "n").subquery("walked")),
+            sa.select(self.limit(rest.order_by(*order), "n").subquery("rest")),
         )
         lapsed = (
             sa.select(*cols)
@@ -161,13 +258,13 @@ class QueueOps(Core):
             )
             .order_by(*order)
         )
-        return self.limit(pending, "n"), self.limit(lapsed, "n")
+        return pending, self.limit(lapsed, "n")
 
     def _exhausted(self, t: Any = jobs, now: Any = None) -> sa.ColumnElement[bool]:
         """Reclaimable rows that already used every attempt: they go dead before a claim."""
         now = self.now() if now is None else now
         return sa.and_(
-            t.c.queue == bp("queue", sa.Text),
+            t.c.queue == arg("queue"),
             t.c.state == PROCESSING,
             t.c.claim_expires_at <= now,
             t.c.attempts >= t.c.max_attempts,
@@ -181,7 +278,7 @@ class QueueOps(Core):
             "attempts": t.c.attempts + ONE,
             "claimed_at": now,
             "claim_expires_at": now + t.c.visibility_timeout,
-            "worker_id": bp("worker_id", sa.Text),
+            "worker_id": arg("worker_id"),
         }
 
     # -- handle transitions ----------------------------------------------------------------
@@ -224,11 +321,12 @@ class QueueOps(Core):
         """Delete each of ``:ids`` processing under an unexpired claim in ``:queue``."""
 
     @abc.abstractmethod
-    def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> int:
+    def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
         """Delete each job of ``:ids`` still under the claim of the matching ``:attempts``
-        (processing, unexpired, in ``:queue``): the batch form of the handle's ack."""
+        (processing, unexpired, in ``:queue``): the batch form of the handle's ack. Returns
+        the (id, attempts) claims it deleted, so a caller knows which acks landed."""
 
-    def _ack_batch(self, id_match: sa.ColumnElement[bool]) -> sa.Executable:
+    def _ack_batch(self, id_match: sa.ColumnElement[bool]) -> sa.Delete:
         return sa.delete(jobs).where(
             id_match,
             jobs.c.queue == bp("queue", sa.Text),
@@ -272,22 +370,27 @@ class QueueOps(Core):
 
         Deleting first (with RETURNING) is what makes two racing requeues of the same dead
         job produce one new job: only one DELETE gets the row. The new job takes the dead
-        job's unique key; while a live job holds it, the transaction is undone (the dead row
-        stays) and the holder's id is returned.
+        job's unique key and trace context; while a live job holds the key, the transaction
+        is undone (the dead row stays) and the holder's id is returned.
         """
         take = self.sql(
             "requeue_dead:take",
             lambda: sa.delete(dead_jobs)
             .where(dead_jobs.c.id == bp("id", sa.BigInteger), dead_jobs.c.queue == bp("queue", sa.Text))
-            .returning(dead_jobs.c.payload, dead_jobs.c.priority, dead_jobs.c.unique_key),
+            .returning(
+                dead_jobs.c.payload, dead_jobs.c.priority, dead_jobs.c.unique_key, dead_jobs.c.trace_context
+            ),
         )
         try:
             with ex.transaction():
                 rows = ex.rows(take, params)
                 if not rows:
                     return None
-                payload, priority, key = rows[0]
+                payload, priority, key, context = rows[0]
                 again = {**params, "payload": payload, "priority": priority}
+                # the new job keeps the original enqueue's trace context (or none): its
+                # executions link to that enqueue, and the requeue makes no span of its own
+                again["trace_context"] = context
                 if key is None:
                     return self.enqueue(ex, again)
                 job_id, inserted = self.enqueue_unique(ex, {**again, "unique_key": key})
@@ -296,6 +399,16 @@ class QueueOps(Core):
                 return job_id
         except _KeyHeld as held:
             return held.job_id
+
+    def delete_dead(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        """Delete one dead job of ``:queue`` (an operator discarding a dead letter)."""
+        sql = self.sql(
+            "delete_dead",
+            lambda: sa.delete(dead_jobs).where(
+                dead_jobs.c.id == bp("id", sa.BigInteger), dead_jobs.c.queue == bp("queue", sa.Text)
+            ),
+        )
+        return ex.rowcount(sql, params) == 1
 
     @abc.abstractmethod
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:

@@ -31,6 +31,21 @@ def bp(name: str, type_: Any) -> sa.BindParameter[Any]:
     return sa.bindparam(name, type_=type_)
 
 
+class _Inferred(sa.types.TypeDecorator[Any]):
+    """No SQL type of its own, and not adopting the type of what it is compared with (as
+    an untyped bind would): the driver SQL carries no cast for it."""
+
+    impl = sa.types.NullType
+    cache_ok = True
+
+
+def arg(name: str) -> sa.BindParameter[Any]:
+    """A bind parameter of no declared type, for the claim's: PostgreSQL types it from its
+    use (the column it is compared with, a LIMIT), and psycopg's SQL then carries no cast
+    for it — the claim must stay under psycopg's 4 KiB parse cache (PostgresBackend)."""
+    return sa.bindparam(name, type_=_Inferred())
+
+
 class Executor(Protocol):
     """Runs compiled driver SQL with a dict of parameters."""
 

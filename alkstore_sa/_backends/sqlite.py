@@ -157,12 +157,29 @@ class SQLiteBackend(Backend):
             )
             ex.rowcount(prune, {"id": note_id})
 
-    def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
+    def insert_many(
+        self,
+        ex: Executor,
+        params: Mapping[str, Any],
+        payloads: list[str],
+        contexts: list[str | None] | None = None,
+    ) -> list[int]:
         def build() -> sa.Executable:
             src = sa.func.json_each(bp("payloads", sa.Text)).table_valued("value", "key")
             return self._enqueue_many_from(src.c.value, src.c.key)
 
-        rows = ex.rows(self.sql("enqueue_many", build), {**params, "payloads": json.dumps(payloads)})
+        def build_traced() -> sa.Executable:
+            # one JSON array of [payload, trace context] pairs
+            src = sa.func.json_each(bp("payloads", sa.Text)).table_valued("value", "key")
+            payload = sa.func.json_extract(src.c.value, sa.literal_column("'$[0]'"))
+            context = sa.func.json_extract(src.c.value, sa.literal_column("'$[1]'"))
+            return self._enqueue_many_from(payload, src.c.key, context)
+
+        if contexts is None:
+            rows = ex.rows(self.sql("enqueue_many", build), {**params, "payloads": json.dumps(payloads)})
+        else:
+            pairs = json.dumps([list(p) for p in zip(payloads, contexts, strict=True)])
+            rows = ex.rows(self.sql("enqueue_many:traced", build_traced), {**params, "payloads": pairs})
         return sorted(r[0] for r in rows)
 
     def _bury_where(self, where: sa.ColumnElement[bool], last_error: Any, with_error: bool = False) -> sa.Executable:
@@ -247,7 +264,7 @@ class SQLiteBackend(Backend):
 
         return ex.rowcount(self.sql("ack_batch", build), {**params, "ids": json.dumps(params["ids"])})
 
-    def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> int:
+    def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
         def build() -> sa.Executable:
             pairs = sa.func.json_each(bp("claims", sa.Text)).table_valued("value")
             first = sa.func.json_extract(pairs.c.value, sa.literal_column("'$[0]'"))
@@ -258,10 +275,11 @@ class SQLiteBackend(Backend):
                 _NoIndex(jobs.c.queue) == bp("queue", sa.Text),
                 _NoIndex(jobs.c.state) == PROCESSING,
                 _NoIndex(jobs.c.claim_expires_at) > self.now(),
-            )
+            ).returning(jobs.c.id, jobs.c.attempts)
 
         claims = json.dumps([list(p) for p in zip(params["ids"], params["attempts"], strict=True)])
-        return ex.rowcount(self.sql("ack_claims", build), {**params, "claims": claims})
+        rows = ex.rows(self.sql("ack_claims", build), {**params, "claims": claims})
+        return [(r[0], r[1]) for r in rows]
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         bury = self.sql("sweep:bury", lambda: self._bury_where(self._expired(), EXPIRED_SQL))

@@ -101,6 +101,10 @@ class SqliteHub:
     def unwatch_queue(self, key: str, token: int) -> None:
         self.queues.remove(key, token)
 
+    def advertise(self, key: str) -> None:
+        """Nothing to do: every committed enqueue wakes the watcher (it sees the WAL change
+        and reads the new jobs itself), so waiting consumers need not announce themselves."""
+
     def watch_stream(self, key: str, wake: Callable[[], None]) -> int:
         """Call ``wake()`` whenever an event is committed to stream ``key``."""
         token, _ = self.streams.add(key, lambda _seq, _payload: wake())

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-from . import alembic_revision, dead, migrate, queue, schedules, status, sweep, worker
+from . import alembic_revision, dashboard, dead, migrate, queue, schedules, status, sweep, worker
 from ._errors import EXIT_CODES, report
 
-COMMANDS = [migrate, alembic_revision, worker, status, queue, dead, sweep, schedules]
+COMMANDS = [migrate, alembic_revision, worker, status, queue, dead, sweep, schedules, dashboard]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -68,14 +68,7 @@ def _rate(text: str) -> tuple[int, float] | str:
     return n, per
 
 
-def describe(settings: QueueSettings) -> str:
-    """One line for people: what holds the queue back ("-": nothing)."""
-    parts = ["paused"] if settings.paused else []
-    if settings.concurrency is not None:
-        parts.append(f"concurrency {settings.concurrency}")
-    if settings.rate_limit is not None:
-        parts.append(f"rate {settings.rate_limit}/{settings.rate_per:g}s")
-    return ", ".join(parts) or "-"
+describe = _limits.describe  # one wording of a queue's settings, shared with the dashboard
 
 
 def _change(args: argparse.Namespace, **change: object) -> int:

@@ -1,4 +1,5 @@
-"""``alkstore status``: per-queue counts and settings, as a table or JSON."""
+"""``alkstore status``: per-queue counts and settings, and the live workers, as tables or
+JSON (``--json`` keeps its shape, a dict of queues; ``--workers`` lists the workers alone)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,19 @@ import argparse
 import json
 from dataclasses import asdict
 
-from ..model import QueueSettings, QueueStats
+from ..model import QueueSettings, QueueStats, WorkerInfo
 from ._common import add_database_options, open_store
 from .queue import describe
 
 COLUMNS = ("queue", "pending", "ready", "processing", "dead", "oldest_ready_age")
+WORKER_COLUMNS = ("worker", "hostname", "pid", "queues", "concurrency", "started_at", "last_seen")
 NO_JOBS = QueueStats(pending=0, ready=0, processing=0, dead=0, oldest_ready_age=None)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("status", help="per-queue pending/ready/processing/dead counts, and settings")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--workers", action="store_true", help="list the live workers only (SPEC §15 registry)")
     add_database_options(p)
     p.set_defaults(func=run)
 
@@ -28,8 +31,11 @@ def _age(seconds: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
+        if args.workers:
+            return _print_workers(store.workers(), as_json=args.json)
         stats = store.queue_stats()
         settings = store.queue_settings()
+        workers = [] if args.json else store.workers()
     finally:
         store.close()
     # a paused or limited queue is listed even while it holds no jobs
@@ -51,12 +57,37 @@ def run(args: argparse.Namespace) -> int:
         if settings:
             row.append(describe(settings.get(name, QueueSettings())))
         rows.append(row)
+    # names and settings read left to right; numbers line up on the right
+    _table(columns, rows, left={0, 6})
+    if not rows:
+        print("(no jobs)")
+    print()
+    _print_workers(workers, as_json=False)
+    return 0
+
+
+def _print_workers(workers: list[WorkerInfo], *, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(
+            [{**asdict(w), "queues": list(w.queues), "started_at": w.started_at.isoformat(),
+              "last_seen": w.last_seen.isoformat()} for w in workers],
+            indent=2,
+        ))
+        return 0
+    rows = [
+        [w.id, w.hostname, str(w.pid), ",".join(w.queues), str(w.concurrency),
+         w.started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), w.last_seen.strftime("%Y-%m-%dT%H:%M:%SZ")]
+        for w in workers
+    ]
+    _table(WORKER_COLUMNS, rows, left={0, 1, 3, 5, 6})
+    if not rows:
+        print("(no workers)")
+    return 0
+
+
+def _table(columns: tuple[str, ...], rows: list[list[str]], *, left: set[int]) -> None:
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:
-        # names and settings read left to right; numbers line up on the right
-        cells = [v.ljust(w) if i in (0, 6) else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))]
+        cells = [v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))]
         print("  ".join(cells).rstrip())
-    if not rows:
-        print("(no jobs)")
-    return 0

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-HEAD = 2
+HEAD = 3
 
 
 def _job_columns() -> list[sa.Column]:
@@ -225,9 +225,92 @@ def downgrade_v2(schema: str | None) -> None:
     op.drop_column("alkstore_jobs", "unique_key", schema=schema)
 
 
+def upgrade_v3(schema: str | None) -> None:
+    """Operations (SPEC §15), additive: the worker registry, and the trace context a job
+    carries from its enqueue to its executions (kept on dead rows so a requeue keeps it);
+    on PostgreSQL, the storage parameters that keep the job tables from bloating."""
+    op.create_table(
+        "alkstore_workers",
+        sa.Column("id", sa.Text, primary_key=True),
+        sa.Column("hostname", sa.Text, nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("queues", sa.Text, nullable=False),
+        sa.Column("concurrency", sa.Integer, nullable=False),
+        sa.Column("started_at", sa.Double, nullable=False),
+        sa.Column("last_seen", sa.Double, nullable=False),
+        sa.Column("expires_at", sa.Double, nullable=False),
+        schema=schema,
+    )
+    op.create_index("alkstore_workers_expires_ix", "alkstore_workers", ["expires_at"], schema=schema)
+    op.add_column("alkstore_jobs", sa.Column("trace_context", sa.Text, nullable=True), schema=schema)
+    op.add_column("alkstore_dead_jobs", sa.Column("trace_context", sa.Text, nullable=True), schema=schema)
+    _set_storage(schema, _V3_STORAGE)
+
+
+def downgrade_v3(schema: str | None) -> None:
+    _reset_storage(schema, _V3_STORAGE)
+    op.drop_column("alkstore_dead_jobs", "trace_context", schema=schema)
+    op.drop_column("alkstore_jobs", "trace_context", schema=schema)
+    op.drop_table("alkstore_workers", schema=schema)
+
+
+# Step 3's storage parameters (PostgreSQL only; docs/operations.md, "Maintenance"), the
+# values frozen here as released. Live jobs churn (insert, claim update, delete): autovacuum
+# runs on a small count of dead rows instead of a fifth of the table — with a big delayed
+# backlog that fifth is a large number — and unthrottled twice as long per pass, so the
+# table and its indexes stay near the live rows. (A fillfactor below 100 made the table
+# several times bigger under the soak, so the default is kept.) Dead jobs are appended
+# and purged by retention: vacuumed after a purge of a twentieth of them.
+_V3_STORAGE: dict[str, dict[str, str]] = {
+    "alkstore_jobs": {
+        "autovacuum_vacuum_scale_factor": "0.01",
+        "autovacuum_vacuum_threshold": "500",
+        "autovacuum_analyze_scale_factor": "0.02",
+        "autovacuum_analyze_threshold": "500",
+        "autovacuum_vacuum_cost_delay": "1",
+    },
+    "alkstore_dead_jobs": {
+        "autovacuum_vacuum_scale_factor": "0.05",
+        "autovacuum_analyze_scale_factor": "0.05",
+    },
+}
+
+
+def _storage_target(schema: str | None, table: str) -> str | None:
+    """The quoted table name for ALTER TABLE, or None where storage parameters do not exist
+    (SQLite)."""
+    dialect = op.get_context().dialect
+    if dialect.name != "postgresql":
+        return None
+    # Always quoted, by hand: the preparer's quoting doubles a "%" for the driver's
+    # paramstyle, and sa.text() doubles it again.
+    def quote(name: str) -> str:
+        return '"' + name.replace('"', '""') + '"'
+
+    return quote(table) if schema is None else f"{quote(schema)}.{quote(table)}"
+
+
+def _set_storage(schema: str | None, params: dict[str, dict[str, str]]) -> None:
+    """ALTER TABLE ... SET (...) per table: a SHARE UPDATE EXCLUSIVE lock, so reads and
+    writes go on while it runs."""
+    for table, options in params.items():
+        target = _storage_target(schema, table)
+        if target is not None:
+            settings = ", ".join(f"{k} = {v}" for k, v in options.items())
+            op.execute(sa.text(f"ALTER TABLE {target} SET ({settings})"))
+
+
+def _reset_storage(schema: str | None, params: dict[str, dict[str, str]]) -> None:
+    for table, options in params.items():
+        target = _storage_target(schema, table)
+        if target is not None:
+            op.execute(sa.text(f"ALTER TABLE {target} RESET ({', '.join(options)})"))
+
+
 STEPS: dict[int, tuple[Callable[[str | None], None], Callable[[str | None], None]]] = {
     1: (upgrade_v1, downgrade_v1),
     2: (upgrade_v2, downgrade_v2),
+    3: (upgrade_v3, downgrade_v3),
 }
 
 

@@ -9,8 +9,11 @@ How it chooses, each round (docs/worker.md, "Several queues"):
   is not backing off after a failed claim;
 - the ready queues are taken in round-robin order, starting after the queue that went
   first in the previous round, and the free slots are split evenly between them (the
-  first ones in that order get the remainder; with fewer free slots than ready queues,
-  the first ones get one each and the others go first next round);
+  first ones in that order get the remainder). With fewer free slots than ready queues,
+  the queues take **turns**: the first in that order takes up to ``batch_size`` of the
+  free slots, the next one up to ``batch_size`` of what is left, and so on; the next
+  round starts after the last one served. So 1,000 queues of a few jobs each cost about
+  one claim statement per turn, not one per job;
 - each queue's share is claimed with one ``claim_batch`` (at most ``batch_size``). A claim
   that comes back short puts its queue to sleep until a wake, its next due job (one
   ``next_due`` query) or the re-poll; slots it left unused go to the other queues in the
@@ -44,6 +47,10 @@ log = logging.getLogger("alkstore_sa")
 
 BACKOFF_START = 0.1  # seconds after the first failed claim
 _MAX_DOUBLINGS = 32  # 0.1 s * 2**32 is 13 years: past any cap, and far from float overflow
+
+
+def _nothing(_queue: str) -> None:
+    return None
 
 
 def claim_backoff(failures: int, cap: float) -> float:
@@ -96,7 +103,6 @@ class _Source:
         self.woken = True  # claim at the next chance: start-up, a wake, a full batch, a failed claim
         self.due = 0.0  # monotonic time a claim is due anyway (its next due job, or the re-poll)
         self.not_before = 0.0  # monotonic time before which it is not claimed (backoff)
-        self.drained = False  # burst: its last claim, made with nothing in flight, found nothing
         # its concurrency limit (SPEC §14) was full at its last claim: one of our own jobs of
         # it finishing makes room, so that wakes it (others' acks are seen at the re-poll)
         self.capped = False
@@ -125,12 +131,20 @@ class Claimer:
     ) -> None:
         self.sources = [_Source(q, poll_interval) for q in queues]
         self._by_name = {s.queue.name: s for s in self.sources}
+        self._index = {s.queue.name: i for i, s in enumerate(self.sources)}
+        # burst: the queues whose last claim, made with nothing in flight, found nothing
+        # (emptied whenever a claim hands out jobs)
+        self._drained: set[_Source] = set()
         self.worker_id = worker_id
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self._free, self._busy, self._start = free, busy, start
         self._nudge = nudge  # set by a wake-up, a freed slot, or stop
         self._next = 0  # where the next round's round-robin order starts
+        # says that this worker now waits for a wake of a queue (PgHub.advertise: enqueues
+        # notify only while someone waits); set by the runtime from its wake hub, a no-op
+        # where wakes need no advertising or there is no hub
+        self.advertise: Callable[[str], None] = _nothing
 
     def wake(self, queue: str) -> None:
         """A committed enqueue into ``queue``, or a change of its settings (called on the
@@ -154,11 +168,11 @@ class Claimer:
             free = self._free()
             if free > 0:
                 if burst and self._busy() == 0:
-                    if all(s.drained for s in self.sources):
+                    if len(self._drained) == len(self.sources):
                         return
                     for s in self.sources:  # the burst ends only once every queue was found empty
-                        s.woken = s.woken or not s.drained
-                ready = self._ready(time.monotonic())
+                        s.woken = s.woken or s not in self._drained
+                ready = self._ready(time.monotonic(), free + 1)
                 if ready:
                     self._round(ready, free, clean=burst and self._busy() == 0)
                     continue
@@ -167,18 +181,42 @@ class Claimer:
             self._nudge.wait(self._sleep(free))
             self._nudge.clear()
 
-    def _ready(self, now: float) -> list[_Source]:
-        """The ready queues, in this round's round-robin order."""
-        order = self.sources[self._next:] + self.sources[: self._next]
-        return [s for s in order if s.ready(now)]
+    def _ready(self, now: float, limit: int) -> list[_Source]:
+        """The ready queues in this round's round-robin order, the first ``limit`` of them
+        (a scan that stops there: with many queues, a round looks at few)."""
+        ready: list[_Source] = []
+        count = len(self.sources)
+        for k in range(count):
+            s = self.sources[(self._next + k) % count]
+            if s.ready(now):
+                ready.append(s)
+                if len(ready) == limit:
+                    break
+        return ready
+
+    def _shares(self, ready: list[_Source], free: int) -> list[int]:
+        """Each ready queue's share of ``free`` slots, in order. As many slots as ready
+        queues or more: split evenly (the first ones get the remainder). Fewer: the queues
+        take turns, each taking up to ``batch_size`` of what is left — one claim statement
+        per turn, not one per job, when many queues each hold a few jobs."""
+        if len(ready) <= free:
+            base, extra = divmod(free, len(ready))
+            return [min(base + (1 if i < extra else 0), self.batch_size) for i in range(len(ready))]
+        shares: list[int] = []
+        while free > 0:
+            shares.append(min(free, self.batch_size))
+            free -= shares[-1]
+        return shares
 
     def _round(self, ready: list[_Source], free: int, *, clean: bool) -> None:
-        """Split ``free`` slots over the ready queues and claim each share. ``clean``: nothing
-        is in flight, so an empty claim proves the queue drained (for burst)."""
-        self._next = (self.sources.index(ready[0]) + 1) % len(self.sources)
-        base, extra = divmod(free, len(ready))
-        for i, s in enumerate(ready):
-            want = min(base + (1 if i < extra else 0), self.batch_size)
+        """Share ``free`` slots out over the ready queues and claim each share. ``clean``:
+        nothing is in flight, so an empty claim proves the queue drained (for burst)."""
+        shares = self._shares(ready, free)
+        # next round: after the first queue of this one; when queues outnumber the free
+        # slots, after the last one served (the others go first next round)
+        first = ready[0] if len(ready) <= free else ready[len(shares) - 1]
+        self._next = (self._index[first.queue.name] + 1) % len(self.sources)
+        for s, want in zip(ready, shares, strict=False):  # the ready queues past the shares wait
             if want <= 0:
                 break
             s.woken = False  # cleared before the claim: a wake that comes during it is kept
@@ -193,13 +231,18 @@ class Claimer:
             if handles:
                 self._start(handles)
                 clean = False
-                for other in self.sources:
-                    other.drained = False  # jobs run now may enqueue more anywhere
+                self._drained.clear()  # jobs run now may enqueue more anywhere
             if len(handles) == want:
                 s.woken = True  # a full batch: there may be more
             else:
                 s.due = time.monotonic() + self._idle_wait(s)
-                s.drained = clean
+                if clean:
+                    self._drained.add(s)
+                else:
+                    self._drained.discard(s)
+                # waiting from now on; the hub wakes the queue once more when its presence
+                # is settled, for the enqueues that looked before it was taken
+                self.advertise(s.queue.name)
 
     def _sleep(self, free: int) -> float:
         """Seconds until a queue becomes ready (at most poll_interval); with no free slot,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._tracing import ExecutionSpan
 from ..model import Job
 from ..queue import JobHandle
 from ..tasks import NotATaskPayload, Tasks, UnknownTask
@@ -35,6 +36,7 @@ class Work:
     is_async: bool = False  # the call returns a coroutine for the worker's event loop
     outcome: Outcome | None = None  # known without running anything
     duration: float | None = None  # seconds the call ran (set by the runner; for metrics)
+    span: ExecutionSpan | None = None  # alkstore_sa.tracing: this execution's span, when traced
 
     @property
     def job(self) -> Job:

@@ -41,6 +41,7 @@ class Heartbeater:
         self._nudge = threading.Event()  # the schedule changed (new claims) or stop
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._wake_at = float("inf")  # time.monotonic() the beat loop next wakes by itself (inf: awake)
 
     def start(self) -> None:
         self._stopped = False
@@ -54,11 +55,14 @@ class Heartbeater:
 
     def add(self, handles: list[JobHandle]) -> None:
         now = time.monotonic()
+        first = float("inf")
         with self._lock:
             for h in handles:
-                self._roster[claim_key(h)] = _Entry(h, now + h.job.visibility_timeout / 3)
-        if handles:
-            self._nudge.set()  # the first beat of a short visibility timeout may be due soon
+                entry = _Entry(h, now + h.job.visibility_timeout / 3)
+                self._roster[claim_key(h)] = entry
+                first = min(first, entry.next_beat)
+        if first < self._wake_at:
+            self._nudge.set()  # a short visibility timeout: its first beat is due before that wake
 
     def remove(self, key: ClaimKey) -> None:
         with self._lock:
@@ -73,6 +77,7 @@ class Heartbeater:
 
     def _loop(self) -> None:
         while not self._stopped:
+            self._wake_at = float("inf")  # awake: a claim added from now on nudges the wait below
             now = time.monotonic()
             with self._lock:
                 live = [e for e in self._roster.values() if not e.lost]
@@ -80,7 +85,9 @@ class Heartbeater:
                 if entry.next_beat <= now:
                     self._beat(entry)
             upcoming = min((e.next_beat for e in live), default=now + 1.0)
-            self._nudge.wait(max(0.005, min(1.0, upcoming - time.monotonic())))
+            wait = max(0.005, min(1.0, upcoming - time.monotonic()))
+            self._wake_at = time.monotonic() + wait
+            self._nudge.wait(wait)
             self._nudge.clear()
 
     def _beat(self, entry: _Entry) -> None:

@@ -1,11 +1,11 @@
 """The worker's own asyncio event loop, on one thread, for ``async def`` handlers and tasks.
 
 Started at the first async job (a worker that only runs sync code never has one). Each
-job is submitted with ``asyncio.run_coroutine_threadsafe``, which makes it an asyncio task
-of its own. Closing cancels whatever still runs on the loop — jobs abandoned after the
-grace period, tasks that jobs spawned and left behind — gives them a bounded time to
-unwind (their ``finally`` blocks run), then stops and closes the loop, as ``asyncio.run``
-does at its end.
+job becomes an asyncio task of its own; the jobs of one claim are handed over together,
+with one wake-up of the loop (``submit_all``). Closing cancels whatever still runs on the
+loop — jobs abandoned after the grace period, tasks that jobs spawned and left behind —
+gives them a bounded time to unwind (their ``finally`` blocks run), then stops and closes
+the loop, as ``asyncio.run`` does at its end.
 """
 
 from __future__ import annotations
@@ -29,12 +29,20 @@ class EventLoopThread:
         self.name = name
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._running: set[asyncio.Task[Any]] = set()  # tasks of submit_all, until done
 
-    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
-        """Run ``coro`` as an asyncio task on the loop (started now if need be). Called from
-        the claim loop's thread only."""
+    def submit_all(self, coros: list[Coroutine[Any, Any, Any]]) -> None:
+        """Run each of ``coros`` as an asyncio task of its own on the loop (started now if
+        need be), waking the loop once for all of them. Called from the claim loop's thread
+        only; the coroutines must handle their own errors (nothing reads their results)."""
         loop = self.loop if self.loop is not None else self._start()
-        return asyncio.run_coroutine_threadsafe(coro, loop)
+        loop.call_soon_threadsafe(self._spawn, loop, coros)
+
+    def _spawn(self, loop: asyncio.AbstractEventLoop, coros: list[Coroutine[Any, Any, Any]]) -> None:
+        for coro in coros:
+            task = loop.create_task(coro)
+            self._running.add(task)  # the loop itself keeps only a weak reference to a task
+            task.add_done_callback(self._running.discard)
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()

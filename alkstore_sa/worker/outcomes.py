@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -130,13 +131,17 @@ def landed_as(h: JobHandle, outcome: Outcome) -> str:
     return RETRIED
 
 
-def settle(h: JobHandle, outcome: Outcome, context: dict[str, Any]) -> str | None:
+def settle(
+    h: JobHandle, outcome: Outcome, context: dict[str, Any], ack: Callable[[JobHandle], bool] | None = None
+) -> str | None:
     """Record ``outcome`` under the job's own claim: how it landed (``landed_as``), or None
-    when it was refused. Logs one WARNING when the job went dead through it."""
+    when it was refused. Logs one WARNING when the job went dead through it. ``ack``, when
+    given, says what the ack did instead of ``h.ack()`` (the worker's batched acks, acker.py:
+    written already, together with others)."""
     job = h.job
     landing = landed_as(h, outcome)  # read before the op: the handle's job is as claimed
     if outcome.kind == "ack":
-        return landing if h.ack() else None
+        return landing if (h.ack() if ack is None else ack(h)) else None
     if outcome.kind == "fail":
         landed = h.fail(outcome.error)
         last_error = "failed" if outcome.error is None else outcome.error

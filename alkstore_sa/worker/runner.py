@@ -11,7 +11,9 @@ separate: it tracks claims, not slots.
 Threads are started as work needs them, never more than ``concurrency``: a sync job takes
 one while it runs; an async job takes one only to record its outcome (the queue operations
 are blocking calls, kept off the loop). Since at most ``concurrency`` jobs are in flight,
-a thread is always there for each of them.
+a thread is always there for each of them. An ack takes no thread at all: it is handed to
+the worker's ack writer (``defer``, acker.py), which frees its slot once the batch it went
+out in was written.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class Runner:
         self._threads: list[threading.Thread] = []
         self._loop = EventLoopThread()
         self._abandoning = False  # set at shutdown: a cancelled async job is then abandoned
+        # takes over an outcome (True) whose recording frees the slot later, with
+        # ``release()``: the worker's batched acks (acker.py); None records each one here
+        self.defer: Callable[[Work, Outcome], bool] | None = None
 
     @property
     def busy(self) -> int:
@@ -64,11 +69,22 @@ class Runner:
     def submit(self, works: list[Work]) -> None:
         with self._changed:
             self._busy += len(works)
+        coros = []
         for w in works:
             if w.is_async and w.outcome is None:
-                self._loop.submit(self._run_async(w))
+                coros.append(self._run_async(w))
             else:
                 self._put(w, w.outcome)
+        if coros:
+            self._loop.submit_all(coros)  # one wake-up of the loop for the whole claim
+
+    def release(self, n: int) -> None:
+        """Free ``n`` slots whose outcomes were recorded elsewhere (see ``defer``), together:
+        the claimer is told once."""
+        with self._changed:
+            self._busy -= n
+            self._changed.notify_all()
+        self._on_free()
 
     def wait_idle(self, timeout: float) -> int:
         """Block until no slot is taken or ``timeout`` seconds passed; the slots still taken."""
@@ -107,8 +123,19 @@ class Runner:
             outcome = None
         if outcome is None:
             self._done(w, None)
-        else:
+        elif not self._handed_over(w, outcome):
             self._put(w, outcome)  # recorded on a thread: queue operations block
+
+    def _handed_over(self, w: Work, outcome: Outcome) -> bool:
+        """Whether ``defer`` took the outcome over (it never blocks: the loop calls it too)."""
+        defer = self.defer
+        if defer is None:
+            return False
+        try:
+            return defer(w, outcome)
+        except Exception:  # noqa: BLE001 - recorded here instead
+            log.exception("job %s: handing its outcome over failed; recording it alone", w.job.id)
+            return False
 
     def _done(self, w: Work, outcome: Outcome | None) -> None:
         try:
@@ -158,6 +185,10 @@ class Runner:
                     log.exception(
                         "job %s: the worker thread caught an unexpected error; its claim will lapse", w.job.id
                     )
+            if outcome is not None and self._handed_over(w, outcome):
+                with self._changed:
+                    self._idle += 1  # the slot stays taken until release()
+                continue
             try:
                 self._finish(w, outcome)
             except BaseException:  # noqa: BLE001 - as above

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import _tracing
 from .. import _validate as v
 from ..errors import AlkstoreError, InvalidOptions
 from ..model import Job
@@ -25,10 +26,12 @@ from ..stop import StopToken
 from ..store import Store
 from ..tasks import Task, Tasks
 from . import observe
+from .acker import Acker, Answer
 from .claimer import Claimer
 from .dispatch import Dispatch, HandlerDispatch, TaskDispatch, Work, job_context
 from .heartbeater import Heartbeater
 from .outcomes import Outcome, settle
+from .registry import Registration
 from .runner import Runner
 
 log = logging.getLogger("alkstore_sa")
@@ -37,6 +40,8 @@ Handler = Callable[[Job], Any]
 QueueLike = str | Queue
 
 HANDLER_CONCURRENCY = 4  # the §11 form's default
+REGISTRY_INTERVAL = 10.0  # how often a worker refreshes its registry row (store.workers())
+MAX_REGISTRY_INTERVAL = 30.0
 TASKS_CONCURRENCY = 8  # the §12 form's default
 
 
@@ -66,6 +71,7 @@ class Worker:
         batch_size: int | None = None,
         poll_interval: v.Duration = 5.0,
         shutdown_grace: v.Duration = 30.0,
+        registry_interval: v.Duration = REGISTRY_INTERVAL,
     ) -> None:
         self.store = store
         self.tasks: Tasks | None = None
@@ -110,6 +116,11 @@ class Worker:
         self.worker_id = default_worker_id() if worker_id is None else v.worker_id(worker_id)
         self.poll_interval = v.duration(poll_interval, "poll_interval", inclusive=False)
         self.shutdown_grace = v.duration(shutdown_grace, "shutdown_grace")
+        self.registry_interval = v.duration(registry_interval, "registry_interval", inclusive=False)
+        if self.registry_interval > MAX_REGISTRY_INTERVAL:
+            raise InvalidOptions(
+                f"registry_interval must be at most {MAX_REGISTRY_INTERVAL:g}s (SPEC §15), got {self.registry_interval:g}"
+            )
         self.processed = 0  # outcomes recorded (landed or refused), for callers' summaries
         self._count_lock = threading.Lock()
         self._roster = Heartbeater()
@@ -130,13 +141,23 @@ class Worker:
         stop.on_stop(nudge.set)
         self._roster = Heartbeater()
         runner = Runner(self.concurrency, self._finish, nudge.set)
+        # acks of jobs finishing together go out as one statement (acker.py)
+        acker = Acker(
+            self.batch_size, in_flight=lambda: runner.busy, lost=lambda w: self._roster.lost(w.key),
+            finish=self._finish, release=runner.release,
+        )
+        runner.defer = acker.add
 
         def start(handles: list[JobHandle]) -> None:
             self._roster.add(handles)  # heartbeated from now on, before it starts running
             if observe.observer is not None:  # metrics: each job's wait since its run_at
                 for h in handles:
                     observe.started(h.job)
-            runner.submit([self._dispatch.work(h, job_context(h, self.worker_id)) for h in handles])
+            works = [self._dispatch.work(h, job_context(h, self.worker_id)) for h in handles]
+            tracer = _tracing.tracer
+            if tracer is not None:  # alkstore_sa.tracing: a CONSUMER span per execution
+                _traced(tracer, works)
+            runner.submit(works)
 
         claimer = Claimer(
             self.queues, self.worker_id, batch_size=self.batch_size, poll_interval=self.poll_interval,
@@ -144,7 +165,12 @@ class Worker:
         )
         self._claimer = claimer
         watches = self._watch(claimer)
+        registration = Registration(
+            self.store, self.worker_id, [q.name for q in self.queues], self.concurrency, self.registry_interval
+        )
+        registration.start()
         self._roster.start()
+        acker.start()
         log.info("worker %s started on %s (%sconcurrency %d)", self.worker_id, _names(self.queues),
                  "" if self.tasks is None else f"{len(self.tasks)} task(s), ", self.concurrency)
         try:
@@ -155,19 +181,21 @@ class Worker:
                     self.worker_id, runner.busy, self.shutdown_grace,
                 )
         finally:
-            self._drain(runner)
+            self._drain(runner, acker)
             self._roster.stop()
+            registration.stop()
             self._unwatch(watches)
             log.info("worker %s stopped after %d jobs", self.worker_id, self.processed)
 
-    def _drain(self, runner: Runner) -> None:
-        left = runner.wait_idle(self.shutdown_grace)
+    def _drain(self, runner: Runner, acker: Acker) -> None:
+        left = runner.wait_idle(self.shutdown_grace)  # pending acks hold their slots: written by now
         if left:
             log.warning(
                 "worker %s: %d job(s) still running after the %gs grace period; their claims "
                 "will lapse and another worker will retry them",
                 self.worker_id, left, self.shutdown_grace,
             )
+        acker.stop()  # writes whatever is still pending (the grace period ran out on it)
         runner.stop()
 
     # -- wake ------------------------------------------------------------------------------
@@ -181,6 +209,10 @@ class Worker:
                 key = self.store.backend.wake_key(q.name)
                 wake = _waker(claimer, q.name)
                 watches.append((hub, key, hub.watch_queue(key, wake)))
+            advertise = getattr(hub, "advertise", None)
+            if advertise is not None:
+                keys = {q.name: self.store.backend.wake_key(q.name) for q in self.queues}
+                claimer.advertise = lambda name: advertise(keys[name])
         except AlkstoreError as exc:
             log.warning("no wake-ups for %s (%s): polling every %.1fs", _names(self.queues), exc, self.poll_interval)
             self._unwatch(watches)
@@ -194,10 +226,12 @@ class Worker:
 
     # -- one job's outcome -----------------------------------------------------------------
 
-    def _finish(self, w: Work, outcome: Outcome | None) -> None:
+    def _finish(self, w: Work, outcome: Outcome | None, ack: Answer | None = None) -> None:
         """Record a job's outcome under its claim, on a runner thread (``None``: the job was
-        abandoned at shutdown; nothing is recorded and the claim lapses)."""
+        abandoned at shutdown; nothing is recorded and the claim lapses). ``ack``: what its
+        ack did, when the ack writer wrote it in a batch (acker.py)."""
         h, context = w.handle, w.context
+        landing: str | None = None  # how the outcome landed (observe.ACKED, ...)
         try:
             if outcome is None:
                 return
@@ -205,16 +239,18 @@ class Worker:
                 log.warning(
                     "job %s: claim lost before %s; not %sing", h.id, outcome.kind, outcome.kind, extra=context
                 )
-                observe.finished(h.job, observe.LOST, w.duration)
+                landing = observe.LOST
+                observe.finished(h.job, landing, w.duration)
                 return
             try:
-                landed = settle(h, outcome, context)
+                landed = settle(h, outcome, context, ack)
             except (AlkstoreError, ValueError) as exc:
                 log.error("job %s: %s failed: %s", h.id, outcome.kind, exc, extra=context)
                 return
             with self._count_lock:
                 self.processed += 1
-            observe.finished(h.job, observe.LOST if landed is None else landed, w.duration)
+            landing = observe.LOST if landed is None else landed
+            observe.finished(h.job, landing, w.duration)
             if landed is not None:
                 log.debug("job %s: %s", h.id, outcome.kind, extra=context)
             else:
@@ -223,6 +259,19 @@ class Worker:
             self._roster.remove(w.key)  # this claim only: a newer claim of the job keeps beating
             if self._claimer is not None:
                 self._claimer.finished(h._queue.name)  # room under a concurrency limit
+            if w.span is not None:  # alkstore_sa.tracing: the execution's span ends here
+                w.span.end(outcome, landing)
+
+
+def _traced(tracer: _tracing.Tracer, works: list[Work]) -> None:
+    """Open each job's CONSUMER span; the handler or task runs with it current."""
+    for w in works:
+        attributes = {"alkstore.worker_id": w.context["worker_id"]}
+        if "task" in w.context:
+            attributes["alkstore.task"] = w.context["task"]
+        w.span = tracer.process(w.job, attributes)
+        if w.call is not None:
+            w.call = w.span.wrap(w.call, w.is_async)
 
 
 def _waker(claimer: Claimer, queue: str) -> Callable[[], None]:

@@ -6,6 +6,11 @@
 together, or neither does. A declined card is refused *after* the job was enqueued, to show
 that the rollback takes the job with the order.
 
+The operations dashboard (``alkstore_sa.dashboard.create_app``) is mounted at ``/jobs/``
+behind the app's own authentication: here HTTP Basic, user ``operator`` and the password in
+``$SHOP_OPERATOR_PASSWORD`` (unset: the dashboard refuses everyone) — put your real auth in
+``operators_only``.
+
 Run it: ``alembic upgrade head`` (in this directory), then
 ``uvicorn --factory fastapi_shop:create_app`` and ``python fastapi_worker.py`` (or
 ``alkstore worker fastapi_shop:tasks``). Database: ``$ALKSTORE_DATABASE_URL`` (a sync or an
@@ -15,19 +20,26 @@ async URL: see ``async_url``), else a SQLite file in the temp directory.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hmac
 import os
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from starlette.datastructures import Headers
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import alkstore_sa as alk
+from alkstore_sa.dashboard import create_app as create_dashboard
 
 EMAILS = "emails"
 tasks = alk.Tasks()  # the app's job kinds; `alkstore worker fastapi_shop:tasks` runs them
@@ -87,6 +99,35 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
+def is_operator(headers: Headers) -> bool:
+    """The app's own auth decides who may see and act on the job queues (the dashboard has
+    no login of its own): here HTTP Basic ``operator`` / ``$SHOP_OPERATOR_PASSWORD``."""
+    password = os.environ.get("SHOP_OPERATOR_PASSWORD")
+    scheme, _, encoded = headers.get("authorization", "").partition(" ")
+    if not password or scheme.lower() != "basic":
+        return False
+    try:
+        given = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return hmac.compare_digest(given, f"operator:{password}".encode())
+
+
+def operators_only(app: ASGIApp) -> ASGIApp:
+    """An ASGI wrapper in front of a mounted app (FastAPI dependencies do not reach inside a
+    mount): a request without operator credentials gets 401 and never reaches ``app``."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> Any:
+        if scope["type"] == "http" and not is_operator(Headers(scope=scope)):
+            refusal = PlainTextResponse(
+                "operators only", status_code=401, headers={"WWW-Authenticate": 'Basic realm="shop operators"'}
+            )
+            return await refusal(scope, receive, send)
+        return await app(scope, receive, send)
+
+    return guarded
+
+
 def create_app(url: str | None = None) -> FastAPI:
     """The app factory; the engine and the store live in the lifespan."""
 
@@ -105,8 +146,12 @@ def create_app(url: str | None = None) -> FastAPI:
             app.state.engine = engine
             app.state.sessionmaker = async_sessionmaker(engine, expire_on_commit=False)
             app.state.alkstore = store
+            # The dashboard over the same store, at /jobs/, behind the app's auth. Mounted
+            # here because the store lives in the lifespan; removed with it.
+            app.mount("/jobs", operators_only(create_dashboard(store)), name="jobs-dashboard")
             yield
         finally:
+            app.router.routes[:] = [r for r in app.router.routes if getattr(r, "name", None) != "jobs-dashboard"]
             store.close()
             await engine.dispose()
 

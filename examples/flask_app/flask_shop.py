@@ -5,18 +5,24 @@ confirmation email (queue "emails") and the stock reservation (queue "stock"): a
 commit together, or none does. A declined card is refused *after* the jobs were enqueued,
 to show that the rollback takes the jobs with the order. One worker serves both queues.
 
+The operations dashboard (``alkstore_sa.dashboard.create_wsgi_app``) is mounted at ``/jobs/``
+with werkzeug's ``DispatcherMiddleware``, behind the app's own authentication: here HTTP
+Basic, user ``operator`` and the password in ``$SHOP_OPERATOR_PASSWORD`` (unset: the
+dashboard refuses everyone) — put your real auth in ``operators_only``.
+
 Run it: ``alembic upgrade head`` (in this directory), then ``flask --app flask_shop run``
-and ``python flask_worker.py`` (or ``alkstore worker flask_worker:tasks``). Database:
+and ``flask --app flask_shop alkstore worker`` (or ``python flask_worker.py``). Database:
 ``$ALKSTORE_DATABASE_URL``, else a SQLite file in the temp directory.
 """
 
 from __future__ import annotations
 
 import functools
+import hmac
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 from flask import Flask, has_app_context, request
@@ -24,8 +30,13 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from werkzeug.exceptions import HTTPException
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
+from werkzeug.wrappers import Request as WsgiRequest
+from werkzeug.wrappers import Response as WsgiResponse
 
 import alkstore_sa as alk
+from alkstore_sa.dashboard import create_wsgi_app
+from alkstore_sa.flask import init_app
 
 EMAILS = "emails"
 STOCK = "stock"
@@ -108,6 +119,30 @@ def reserve_stock(order_id: int) -> None:
     print(f"reserved {order.item} for order {order.id} (job {job.id if job else '-'})", flush=True)
 
 
+def is_operator(request: WsgiRequest) -> bool:
+    """The app's own auth decides who may see and act on the job queues (the dashboard has
+    no login of its own): here HTTP Basic ``operator`` / ``$SHOP_OPERATOR_PASSWORD``."""
+    password = os.environ.get("SHOP_OPERATOR_PASSWORD")
+    auth = request.authorization
+    if not password or auth is None or auth.type != "basic":
+        return False
+    given = f"{auth.username}:{auth.password}".encode()
+    return hmac.compare_digest(given, f"operator:{password}".encode())
+
+
+def operators_only(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI wrapper in front of a mounted app: a request without operator credentials gets
+    401 and never reaches ``app``."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if not is_operator(WsgiRequest(environ)):
+            refusal = WsgiResponse("operators only", 401, {"WWW-Authenticate": 'Basic realm="shop operators"'})
+            return refusal(environ, start_response)
+        return app(environ, start_response)
+
+    return guarded
+
+
 class PaymentDeclined(HTTPException):
     code = 402
     description = "payment declined"
@@ -126,7 +161,14 @@ def create_app(url: str | None = None) -> Flask:
         # naming the command to run, when `alembic upgrade head` was not run.
         store = alk.Store(db.engine)
         store.check_schema()
-    app.extensions["alkstore"] = store
+    # app.extensions["alkstore"] = store, and the `flask --app flask_shop alkstore worker`
+    # command, which runs every task in an application context of the app it builds
+    init_app(app, tasks, store)
+    # The dashboard over the same store at /jobs/, behind the app's auth; every other path
+    # still goes to the Flask app.
+    app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, {"/jobs": operators_only(create_wsgi_app(store))}
+    )
     if _worker_app is None:
         _worker_app = app
 

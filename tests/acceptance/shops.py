@@ -34,6 +34,8 @@ class Shop:
     worker: Path
     emails: str
     queues: tuple[str, ...]  # every queue the app's tasks use
+    # any request through the app's test client: (method, path, headers, form) -> (status, text)
+    request: Callable[[str, str, dict[str, str], dict[str, str] | None], tuple[int, str]] | None = None
 
 
 def load(path: Path) -> ModuleType:
@@ -80,11 +82,16 @@ def flask_shop(url: str) -> Iterator[Shop]:
         response = client.post("/orders", json=body)
         return response.status_code, response.get_json(silent=True)
 
+    def request(method: str, path: str, headers: dict[str, str], form: dict[str, str] | None) -> tuple[int, str]:
+        response = client.open(path, method=method, headers=headers, data=form, follow_redirects=True)
+        return response.status_code, response.get_data(as_text=True)
+
     with app.app_context():
         engine = module.db.engine
     store = app.extensions["alkstore"]
     try:
-        yield Shop(post, store, engine, engine, example / "flask_worker.py", module.EMAILS, tuple(module.tasks.queues()))
+        yield Shop(post, store, engine, engine, example / "flask_worker.py", module.EMAILS,
+                   tuple(module.tasks.queues()), request)
     finally:
         store.close()
         engine.dispose()
@@ -104,10 +111,14 @@ def fastapi_shop(url: str) -> Iterator[Shop]:
             response = client.post("/orders", json=body)
             return response.status_code, response.json()
 
+        def request(method: str, path: str, headers: dict[str, str], form: dict[str, str] | None) -> tuple[int, str]:
+            response = client.request(method, path, headers=headers, data=form, follow_redirects=True)
+            return response.status_code, response.text
+
         store = app.state.alkstore
         yield Shop(
             post, store, store.engine, app.state.engine.sync_engine, example / "fastapi_worker.py",
-            module.EMAILS, tuple(module.tasks.queues()),
+            module.EMAILS, tuple(module.tasks.queues()), request,
         )
 
 

@@ -147,7 +147,8 @@ def test_bad_handler_spec_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _status_rows(out: str) -> dict[str, list[str]]:
-    lines = out.strip().splitlines()
+    """The queue table: the lines before the blank line that starts the workers table."""
+    lines = out.strip().split("\n\n")[0].splitlines()
     assert lines[0].split() == ["queue", "pending", "ready", "processing", "dead", "oldest_ready_age"]
     return {cols[0]: cols[1:] for cols in (line.split() for line in lines[1:])}
 

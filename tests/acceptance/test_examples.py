@@ -7,6 +7,7 @@ one-command demo runs, and the async app under uvicorn commits each order with e
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import signal
 import socket
@@ -105,6 +106,43 @@ def test_order_and_its_task_jobs_commit_together(shop: Shop, url: str) -> None:
     for name in shop.queues:
         assert shop.store.queue(name).stats().pending == 0 and shop.store.queue(name).stats().dead == 0
     assert _orders(shop) == 2
+
+
+def test_dashboard_is_mounted_under_jobs_behind_the_apps_auth(shop: Shop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each example mounts the operations dashboard at /jobs/ (FastAPI: ``create_app`` in a
+    Mount; Flask: ``create_wsgi_app`` under DispatcherMiddleware) behind its own HTTP Basic
+    check: refused without the operator's credentials, served with them (its links carry the
+    prefix), and its cancel action works through the mount (CSRF token from the page)."""
+    assert shop.request is not None
+    monkeypatch.setenv("SHOP_OPERATOR_PASSWORD", "s3cret")
+    status, body = shop.post({"email": "ada@example.com", "item": "tea"})
+    assert status == 201, body
+    job_id = body["email_job_id"]
+
+    assert shop.request("GET", "/jobs/", {}, None)[0] == 401
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"operator:guess").decode()}
+    assert shop.request("GET", "/jobs/", wrong, None)[0] == 401
+    assert shop.request("GET", f"/orders/{body['order_id']}", {}, None)[0] == 200  # the app itself: no change
+
+    auth = {"Authorization": "Basic " + base64.b64encode(b"operator:s3cret").decode()}
+    status, html = shop.request("GET", "/jobs/", auth, None)
+    assert status == 200, html
+    row = re.search(rf'<tr data-queue="{shop.emails}">.*?</tr>', html, re.S)
+    assert row is not None, html
+    assert re.search(r'data-count="ready">1<', row.group(0)), row.group(0)
+    assert f'href="/jobs/queues/{shop.emails}"' in row.group(0)  # links under the mount prefix
+    assert shop.request("GET", "/jobs/api/counts", auth, None)[0] == 200
+
+    status, html = shop.request("GET", f"/jobs/jobs/{job_id}", auth, None)
+    assert status == 200, html
+    assert '<span id="job-state">pending</span>' in html
+    form = re.search(r'<form[^>]*action="([^"]*/cancel)".*?name="csrf_token" value="([^"]+)"', html, re.S)
+    assert form is not None and form.group(1) == f"/jobs/jobs/{job_id}/cancel", html
+    assert shop.request("POST", form.group(1), auth, {"csrf_token": "forged"})[0] == 403
+    assert shop.store.get_job(job_id) is not None  # a forged token changes nothing
+    status, _ = shop.request("POST", form.group(1), auth, {"csrf_token": form.group(2)})
+    assert status == 200
+    assert shop.store.get_job(job_id) is None  # cancelled through the mounted dashboard
 
 
 @pytest.mark.parametrize("example", ["flask_app", "fastapi_app"])

@@ -31,6 +31,7 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
+from alkstore_sa import tracing
 from tests.every_op import run_every_operation
 from tests.support import FakeClock, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
 
@@ -56,6 +57,8 @@ SENTINELS = [QUEUE, WORKER, ERROR, UNIQUE, *PAYLOAD, *PAYLOAD.values(), *NUMBERS
 HOT = {"claim", "ack", "retry", "bury", "heartbeat", "enqueue", "enqueue_many", "stats"}
 PG_MOVES = {"sweep", "requeue_dead:take"}
 SQLITE_MOVES = {"claim:bury", "claim:drop", "bury:drop", "sweep:bury", "sweep:drop", "sweep:purge"}
+# The enqueues of a traced process (alkstore_sa.tracing), which also store a trace context.
+TRACED = {"enqueue:traced", "enqueue_many:traced", "enqueue:unique:traced"}
 
 
 @dataclass
@@ -120,6 +123,13 @@ def compile_everything(target: Target) -> Compiled:
         q.sweep_expired()
         q.stats()
         assert q.enqueue(PAYLOAD, unique_key=UNIQUE) == q.enqueue(PAYLOAD, unique_key=UNIQUE)
+        tracing.instrument()
+        try:
+            q.enqueue(PAYLOAD, priority=PRIORITY, delay=DELAY)
+            q.enqueue_many([PAYLOAD, PAYLOAD], priority=PRIORITY)
+            q.enqueue(PAYLOAD, unique_key=UNIQUE + "traced")
+        finally:
+            tracing.uninstrument()
         raw = dict(store.backend._sql)
         sql = {k: norm(v) for k, v in raw.items()}
     finally:
@@ -215,12 +225,13 @@ def _close_paren(sql: str, start: int) -> int:
 
 
 def split_with(sql: str) -> tuple[list[Cte], str]:
-    """A ``WITH a AS [MATERIALIZED] (...), b AS (...) <main>`` statement → (CTEs, main)."""
+    """A ``WITH [RECURSIVE] a AS [MATERIALIZED] (...), b(x) AS (...) <main>`` statement →
+    (CTEs, main)."""
     assert sql.startswith("WITH "), sql[:80]
     ctes: list[Cte] = []
-    pos = len("WITH ")
+    pos = len("WITH RECURSIVE ") if sql.startswith("WITH RECURSIVE ") else len("WITH ")
     while True:
-        m = re.compile(r"(\w+) AS (MATERIALIZED )?\(").match(sql, pos)
+        m = re.compile(r"(\w+)(?:\([\w, ]+\))? AS (MATERIALIZED )?\(").match(sql, pos)
         assert m, f"expected a CTE at {sql[pos:pos + 80]!r}"
         end = _close_paren(sql, m.end() - 1)
         ctes.append(Cte(m.group(1), bool(m.group(2)), sql[m.end() : end]))
@@ -245,6 +256,15 @@ def test_hot_statements_are_compiled(compiled: Compiled) -> None:
     assert not missing, f"operations ran but these statements were never compiled: {missing}"
     moves = SQLITE_MOVES if compiled.kind == "sqlite" else PG_MOVES
     assert not moves - set(compiled.sql), moves - set(compiled.sql)
+    assert not TRACED - set(compiled.sql), TRACED - set(compiled.sql)
+
+
+def test_only_traced_enqueues_write_the_trace_context(compiled: Compiled) -> None:
+    # tracing off costs nothing: the enqueues run the statements they ran before tracing
+    for key in ("enqueue", "enqueue_many", "enqueue:unique"):
+        assert "trace_context" not in compiled.sql[key], key
+    for key in TRACED:
+        assert "trace_context" in compiled.sql[key], key
 
 
 def test_every_table_reference_is_schema_qualified(compiled: Compiled) -> None:
@@ -270,6 +290,7 @@ def test_no_user_value_in_sql_text(compiled: Compiled) -> None:
 LITERALS = {
     "pending", "processing", "dead", "[]", "max attempts exceeded", "expired",  # values
     "epoch", "$[#]", "attempt", "error", "at",  # clock and error-history plumbing
+    "$[0]", "$[1]",  # SQLite's traced enqueue_many: [payload, trace context] pairs
     "",  # the (empty) payload of a queue wake
 }
 
@@ -340,31 +361,48 @@ def test_pg_claim_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> 
     )
     # psycopg caches its parse of a query only up to 4 KiB: the claim (aliased scans and
     # targets, one clock reading read through a CTE) must stay under it, even with a quoted
-    # or a 63-byte schema name (3.7 KiB with a 14-byte schema, 4.0 KiB with a 63-byte one,
-    # the queue-settings guard included)
+    # or a 63-byte schema name (3.6 KiB with a 14-byte schema, 4.0 KiB with a 63-byte one,
+    # the queue-settings guard and the priority walk included)
     assert len(compiled.raw["claim"]) <= 4096, len(compiled.raw["claim"])
     for c in ctes:
         if "FOR UPDATE SKIP LOCKED" in c.body:
             assert c.materialized, f"CTE {c.name} locks rows but is not AS MATERIALIZED"
-            assert c.body.rstrip().endswith("FOR UPDATE SKIP LOCKED"), c.name
             assert f"FROM {jobs} AS j " in c.body, c.name
 
     eq = compiled.op("=")
-    pend = the_cte(ctes, f"j.state{eq}'pending'")
-    assert "FOR UPDATE SKIP LOCKED" in pend.body and pend.materialized
-    assert re.search(r"ORDER BY j\.priority DESC, j\.run_at, j\.id LIMIT %\(n\)s", pend.body), pend.body
+    # the ready rows, per priority of the walk: a LATERAL range bounded by run_at, locking
+    # what it takes; the outer LIMIT stops the walk once n rows are locked
+    walk = the_cte(ctes, "pg_catalog.max(j.priority)")
+    assert not walk.materialized and sql.startswith("WITH RECURSIVE ")
+    assert walk.body.startswith("SELECT 2147483647 AS p, 0 AS d UNION ALL SELECT (SELECT pg_catalog.max(j.priority)")
+    # past 32 levels, each probe looks for the next priority with a due row instead
+    lt, le = compiled.op("<"), compiled.op("<=")
+    assert f"({walk.name}.d{lt}32 OR j.run_at{le}(TABLE c))" in walk.body, walk.body
+    assert f"j.state{eq}'pending'" in walk.body and f"j.priority{compiled.op('<')}{walk.name}.p" in walk.body
+    assert walk.body.rstrip().endswith(f"WHERE {walk.name}.p IS NOT NULL"), walk.body[-80:]
+    pend = the_cte(ctes, f"j.state{eq}'pending'", "FOR UPDATE SKIP LOCKED")
+    assert pend.materialized and pend.body.startswith("SELECT x.id AS id"), pend.body[:80]
+    assert f" FROM {walk.name}, LATERAL (SELECT j.id AS id, j.priority AS priority, j.run_at AS run_at " in pend.body
+    assert re.search(
+        rf"j\.priority{re.escape(eq)}{walk.name}\.p ORDER BY j\.run_at, j\.id LIMIT %\(n\)s(::INTEGER)? "
+        r"FOR UPDATE SKIP LOCKED\) AS x LIMIT %\(n\)s(::INTEGER)?$",
+        pend.body,
+    ), pend.body
+    assert f"j.run_at{compiled.op('<=')}" in pend.body
     recl = the_cte(ctes, f"j.state{eq}'processing'", f"j.attempts{compiled.op('<')}j.max_attempts")
     assert "FOR UPDATE SKIP LOCKED" in recl.body and recl.materialized and "LIMIT %(n)s" in recl.body
+    assert recl.body.rstrip().endswith("FOR UPDATE SKIP LOCKED")
     exhausted = the_cte(ctes, f"j.state{eq}'processing'", f"j.attempts{compiled.op('>=')}j.max_attempts")
     assert "FOR UPDATE SKIP LOCKED" in exhausted.body and exhausted.materialized
+    assert exhausted.body.rstrip().endswith("FOR UPDATE SKIP LOCKED")
 
-    # exhausted reclaimables: DELETE ... RETURNING feeds INSERT INTO dead, same statement
+    # exhausted reclaimables: DELETE ... RETURNING (the dead row, in the INSERT's column
+    # order) feeds INSERT INTO dead, same statement
     gone = the_cte(ctes, f"DELETE FROM {jobs} AS g ")
     assert gone.body.startswith(f"DELETE FROM {jobs} AS g WHERE g.id{eq}ANY (SELECT {exhausted.name}.id")
-    assert " RETURNING " in gone.body
+    assert " RETURNING id, queue, " in gone.body and "'max attempts exceeded'" in gone.body
     buried = the_cte(ctes, f"INSERT INTO {dead} ")
-    assert "'max attempts exceeded'" in buried.body
-    assert buried.body.rstrip().endswith(f"FROM {gone.name}"), buried.body[-80:]
+    assert buried.body.rstrip().endswith(f"SELECT * FROM {gone.name}"), buried.body[-80:]
 
     # the fence: the UPDATE joins a MATERIALIZED, LIMITed pick, not an IN (... LIMIT) subquery
     picked = the_cte(ctes, f"FROM {pend.name}", f"FROM {recl.name}")
@@ -445,10 +483,14 @@ def test_pg_every_builtin_is_resolved_in_pg_catalog(every_pg_statement: dict[str
             before = sql[: m.start()]
             if m[1] in SQL_SYNTAX_CALLS or before.endswith(("AS ", "RECURSIVE ")):
                 continue  # syntax, or a table alias / CTE with its column list
+            if before.endswith(", ") and re.match(r"[\w, ]*\) AS (MATERIALIZED )?\(", sql[m.end() :]):
+                continue  # a later CTE with its column list
             raise AssertionError(f"{key}: unqualified function {m[1]}(): ...{sql[m.start() - 40 : m.end() + 40]}...")
         for m in re.finditer(r" (<>|!=|<=|>=|=|<|>|\+|-|\*|/|\|\||~~|%%) ", sql):
             if m[1] == "=" and re.search(r'(?:\bSET |, )"?\w+"?$', sql[: m.start()]):
                 continue  # ON CONFLICT ... DO UPDATE SET col = ...: an assignment
+            if m[1] == "*" and sql[: m.start()].endswith("SELECT"):
+                continue  # SELECT *: every column, not a multiplication
             raise AssertionError(f"{key}: bare operator {m[1]!r}: ...{sql[m.start() - 60 : m.end() + 40]}...")
         assert not re.search(r"\b(IN|LIKE|BETWEEN|IS DISTINCT FROM) \(", sql), f"{key}: an unqualifiable operator"
         types = re.findall(r"::([\w.]+(?: PRECISION)?)", sql)
@@ -488,10 +530,16 @@ def test_sqlite_claim_is_update_returning_without_for_update(sqlite_compiled: Co
     jobs = compiled.t("alkstore_jobs")
     claim = compiled.sql["claim"]
     assert ";" not in claim
-    assert claim.startswith(f"UPDATE {jobs} SET state='processing', attempts=({jobs}.attempts + 1)")
+    # the walk of the queue's priorities (capped at 32 levels), then the UPDATE
+    walk, update = re.fullmatch(r"(WITH RECURSIVE pr\(p, d\) AS \(.*?\)) (UPDATE .*)", claim).groups()
+    assert f"SELECT max({jobs}.priority) AS p FROM {jobs} WHERE {jobs}.queue = :queue AND {jobs}.state = 'pending'" in walk
+    assert walk.endswith("WHERE pr.p IS NOT NULL AND pr.d < 32)"), walk[-80:]
+    assert update.startswith(f"UPDATE {jobs} SET state='processing', attempts=({jobs}.attempts + 1)")
     assert re.search(r" RETURNING id, .*\bstate$", claim), claim[-200:]
     assert f"WHERE {jobs}.id IN (SELECT " in claim
-    assert claim.count("LIMIT :n") == 3  # each candidate scan, and the pick
+    assert claim.count("LIMIT :n") == 4  # the walked levels, the scan below them, reclaims, the pick
+    assert f"{jobs}.priority IN (SELECT pr.p FROM pr)" in claim
+    assert f"{jobs}.priority < (SELECT min(pr.p) AS min_1 FROM pr)" in claim
     assert f"{jobs}.attempts < {jobs}.max_attempts" in claim
 
 
@@ -531,7 +579,7 @@ def test_sqlite_claim_runs_in_begin_immediate(tmp_path, clock: FakeClock) -> Non
         stmts = [norm(s) for s in trace]
         assert stmts[0] == "BEGIN IMMEDIATE" and stmts[-1] == "COMMIT", stmts
         inner = stmts[1:-1]
-        assert inner and inner[-1].startswith("UPDATE main.alkstore_jobs SET state='processing'")
+        assert inner and re.match(r"(WITH RECURSIVE pr\(p, d\) AS \(.*\) )?UPDATE main\.alkstore_jobs SET state='processing'", inner[-1])
         assert not any(s.startswith(("BEGIN", "COMMIT", "ROLLBACK")) for s in inner), inner
     finally:
         store.close()
@@ -613,10 +661,17 @@ def test_caller_drivers_get_their_own_placeholders(caller_compiled: tuple[Target
                 assert f"{prefix}{table}" in sql, (driver, key, table)
             for value in SENTINELS:
                 assert value not in sql, (driver, key, value)
+        # one INSERT; its conditional wake (docs/performance.md, "Wakes") rides in RETURNING:
+        # the barrier held until commit, the presence tried, pg_notify only when someone waits
         enqueue = norm(statements["enqueue"])
-        assert enqueue.startswith(f"WITH ins AS (INSERT INTO {prefix}alkstore_jobs (")
-        assert "VALUES ('pending'," in enqueue and "wake AS MATERIALIZED" in enqueue
+        assert enqueue.startswith(f"INSERT INTO {prefix}alkstore_jobs (")
+        assert "VALUES ('pending'," in enqueue and " RETURNING " in enqueue
         assert "pg_catalog.pg_notify(" in enqueue and " OPERATOR(pg_catalog.+) " in enqueue
+        wake = enqueue[enqueue.index(" RETURNING "):]
+        for fn in ("pg_try_advisory_xact_lock_shared(", "pg_try_advisory_lock(", "pg_advisory_unlock("):
+            assert f"pg_catalog.{fn}" in wake, (driver, fn)
+        assert wake.index("pg_try_advisory_xact_lock_shared(") < wake.index("pg_try_advisory_lock(")
+        assert wake.index("pg_try_advisory_lock(") < wake.index("pg_catalog.pg_notify(")
 
 
 def test_asyncpg_enqueue_passes_each_parameter_once_in_order(_pg_module_target: Target) -> None:

@@ -147,11 +147,13 @@ def _listener_pids(db: Target, key: str) -> list[int]:
     with db.engine.connect() as c:
         return list(
             c.execute(
+                # its last statement: the LISTEN, or taking/giving back the queue's wake
+                # presence (both name the channel)
                 sa.text(
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid() AND query = :q"
+                    "AND pid <> pg_backend_pid() AND (query = :q OR query LIKE :presence)"
                 ),
-                {"q": f'LISTEN "{key}"'},
+                {"q": f'LISTEN "{key}"', "presence": f"%pg_advisory_%lock_shared%'{key}'%"},
             ).scalars()
         )
 

@@ -70,19 +70,21 @@ def migrate(db: Target) -> subprocess.CompletedProcess[str]:
         (HEAD, "ok"),
         ("alkstore_0000", "outdated"),
         ("alkstore_0001", "outdated"),
-        ("alkstore_0002_r0001", "too new"),  # not the shipped id of step 2: unknown
-        ("alkstore_0003", "newer"),
-        ("alkstore_0003_r0001", "newer"),
-        ("alkstore_0007_r0002", "newer"),
-        ("alkstore_0007_r0003", "too new"),
+        ("alkstore_0002", "outdated"),
+        ("alkstore_0002_r0001", "outdated"),  # an older step, however its id reads: migrate
+        ("alkstore_0003_r0001", "too new"),  # not the shipped id of step 3: unknown
+        ("alkstore_0004", "newer"),
+        ("alkstore_0004_r0001", "newer"),
+        ("alkstore_0007_r0003", "newer"),
+        ("alkstore_0007_r0004", "too new"),
         (NEWER_BREAKING, "too new"),
         (FOREIGN, "too new"),
         ("alkstore_1", "too new"),
     ],
 )
 def test_the_rule(revision: str, verdict: str) -> None:
-    """The rule as a table, for this library's head (step 2)."""
-    assert HEAD == "alkstore_0002"
+    """The rule as a table, for this library's head (step 3)."""
+    assert HEAD == "alkstore_0003"
     assert migrations.schema_verdict(revision) == verdict
 
 

@@ -51,6 +51,14 @@ def main(url: str, schema: str) -> dict[str, object]:
         hub = store.hub()
         key = store.backend.wake_key("fd-queue")
         token = hub.watch_queue(key, woke.set)
+        # a waiting consumer advertises (PostgreSQL notifies only then; docs/performance.md,
+        # "Wakes"); let the presence settle and its claim-once-more wake pass
+        hub.advertise(key)
+        deadline = time.monotonic() + DELIVERY
+        while hasattr(hub, "_held") and not (key in hub._held and key not in hub._unsettled):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
         time.sleep(0.05)  # let a wake dispatched by the watch's own start pass
         woke.clear()
         store.queue("fd-queue").enqueue({"n": 1})

@@ -1,8 +1,8 @@
-"""Drives an OLD alkstore_sa (a schema-step-1 release, exported from git onto PYTHONPATH by
-tests/migrations/test_step2.py) against a database, in a process of its own.
+"""Drives an OLD alkstore_sa (a schema-step-1 or step-2 release, exported from git onto
+PYTHONPATH by tests/migrations/test_upgrades.py) against a database, in a process of its own.
 
 Run as ``python v1_ops.py MODE URL SCHEMA PACKAGE_DIR [SHARED_JOB_ID]``; prints one JSON
-object. It first proves it runs the old package (imported from PACKAGE_DIR, shipping step 1),
+object. It first proves it runs the old package (imported from PACKAGE_DIR, shipping step 1 or 2),
 not the editable install of the working tree. Modes:
 
 - ``install-populate``: install the v1 schema with the old package, then populate;
@@ -13,7 +13,7 @@ not the editable install of the working tree. Modes:
   rule, whose version check refuses every revision but its own: the refusal is recorded,
   then the check is skipped, so what runs is the old release's SQL against the new schema.
 
-Uses only the public API both step-1 releases share, plus ``Scheduler.tick`` for one
+Uses only the public API the old releases share, plus ``Scheduler.tick`` for one
 deterministic schedule firing.
 """
 
@@ -120,7 +120,7 @@ def main() -> None:
     shared_job = int(sys.argv[5]) if len(sys.argv) > 5 else None
     # The old package, not the working tree's: a wrong import would test nothing.
     assert Path(alk.__file__).resolve().is_relative_to(Path(package_dir).resolve()), alk.__file__
-    assert steps.HEAD == 1, steps.HEAD
+    assert steps.HEAD in (1, 2), steps.HEAD
     clock = Clock()
     engine = sa.create_engine(url)
     store = alk.Store(engine, schema=schema, clock=clock)

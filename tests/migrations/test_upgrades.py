@@ -1,16 +1,18 @@
-"""Schema step 2, the first upgrade of an installed database.
+"""Upgrading an installed database: steps 2 and 3, from the releases that shipped steps 1 and 2.
 
 - Every install path (``store.install()``, ``alkstore migrate``, the checkout's ``alembic
-  upgrade head``, an app's chain extended by ``alkstore alembic-revision``) carries a v1
-  database — created and filled by the OLD library, with pending, delayed, expiring,
-  processing and dead jobs and a schedule — to v2 with every row intact; then the new code
-  claims, acks and requeues them, and unique keys work.
-- The app's generator writes exactly the new step (1 -> 2) and the app keeps one head.
-- Old code against the new schema: two step-1 states of the package, exported from git,
-  run their common operations in a subprocess against a v2 database, on both engines, next
-  to jobs of the new code. The last step-1 commit (ab81f3d) works as it is (its version
-  check accepts an additive newer step); the earlier e3cc882 predates that rule, so its
-  version check refuses (SchemaOutdated), and with the check skipped its SQL still works.
+  upgrade head``, an app's chain extended by ``alkstore alembic-revision``) carries an old
+  database — created and filled by the OLD library (the last step-1 and the last step-2
+  release), with pending, delayed, expiring, processing and dead jobs and a schedule — to
+  head with every row intact; then the new code claims, acks and requeues them, and unique
+  keys work.
+- The app's generator writes exactly the new steps (1 -> head) and the app keeps one head.
+- Old code against the new schema: two step-1 states and the last step-2 state of the
+  package, exported from git, run their common operations in a subprocess against a
+  head database, on both engines, next to jobs of the new code. ab81f3d and 4aa35fe work as
+  they are (their version check accepts an additive newer step); the earlier e3cc882
+  predates that rule, so its version check refuses (SchemaOutdated), and with the check
+  skipped its SQL still works.
 """
 
 from __future__ import annotations
@@ -47,8 +49,13 @@ V1_COMMITS = {
     "ab81f3d": "ab81f3dbcc6d48a827ad989faddbcddfec910568",
 }
 NEWEST_V1 = "ab81f3d"
+# The last step-2 state of the package (before step 3): its databases must upgrade too, and
+# it must keep working against the additive step 3.
+V2_COMMITS = {"4aa35fe": "4aa35feb8e217c2eb9af6194cfd8b5f70de501fd"}
+OLD_COMMITS = {**V1_COMMITS, **V2_COMMITS}
+OLD_HEADS = {"e3cc882": "alkstore_0001", "ab81f3d": "alkstore_0001", "4aa35fe": "alkstore_0002"}
 T0 = 1_900_000_000.0  # v1_ops.T0: the clock the old code ran on
-STEP2_COLUMNS = {"unique_key", "tz"}  # what step 2 added to existing tables
+LATER_COLUMNS = {"unique_key", "tz", "trace_context"}  # what steps 2 and 3 added to existing tables
 KEPT_TABLES = ("alkstore_jobs", "alkstore_dead_jobs", "alkstore_schedules")
 
 
@@ -57,7 +64,7 @@ def v1_packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each step-1 commit's ``alkstore_sa`` exported from git into a directory of its own
     (the directory to put on PYTHONPATH)."""
     out: dict[str, Path] = {}
-    for short, commit in V1_COMMITS.items():
+    for short, commit in OLD_COMMITS.items():
         dest = tmp_path_factory.mktemp(f"alkstore_v1_{short}")
         proc = subprocess.run(
             ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "alkstore_sa"],
@@ -103,7 +110,7 @@ def snapshot(url: str, schema: str | None) -> dict[str, list[tuple[Any, ...]]]:
             out = {}
             for name in KEPT_TABLES:
                 table = next(t for t in md.tables.values() if t.name == name)
-                cols = [c for c in table.c if c.name not in STEP2_COLUMNS]
+                cols = [c for c in table.c if c.name not in LATER_COLUMNS]
                 out[name] = [tuple(r) for r in conn.execute(sa.select(*cols).order_by(*table.primary_key))]
             return out
     finally:
@@ -218,13 +225,15 @@ def _checkout_alembic(url: str, schema: str) -> None:
 PATHS = {"store.install": _install, "alkstore migrate": _migrate, "checkout alembic": _checkout_alembic}
 
 
+@pytest.mark.parametrize("old", [NEWEST_V1, *V2_COMMITS])
 @pytest.mark.parametrize("path", list(PATHS))
-def test_install_paths_carry_a_v1_database_to_v2(
-    path: str, v1_database: tuple[str, str], v1_packages: dict[str, Path], tmp_path: Path
+def test_install_paths_carry_an_old_database_to_head(
+    path: str, old: str, v1_database: tuple[str, str], v1_packages: dict[str, Path], tmp_path: Path
 ) -> None:
+    """A database installed and filled by the last step-1 and the last step-2 release."""
     url, schema = v1_database
-    populated = run_v1(v1_packages[NEWEST_V1], "install-populate", url, schema, tmp_path)
-    assert recorded(url, schema) == "alkstore_0001"
+    populated = run_v1(v1_packages[old], "install-populate", url, schema, tmp_path)
+    assert recorded(url, schema) == OLD_HEADS[old]
     table_schema = None if url.startswith("sqlite") else schema
     before = snapshot(url, table_schema)
     assert len(before["alkstore_jobs"]) == 7 and len(before["alkstore_dead_jobs"]) == 1
@@ -317,17 +326,17 @@ def v2_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tupl
     engine.dispose()
 
 
-@pytest.mark.parametrize("commit", list(V1_COMMITS))
+@pytest.mark.parametrize("commit", list(OLD_COMMITS))
 def test_old_code_against_the_new_schema(
     commit: str, v2_database: tuple[str, str], v1_packages: dict[str, Path], tmp_path: Path
 ) -> None:
     url, schema = v2_database
     with alk.Store(url, schema=schema, clock=FakeClock(T0)) as store:
         shared = store.queue("shared").enqueue({"new": True}, unique_key="held")
-    mode = "exercise" if commit == NEWEST_V1 else "exercise-statements"
+    mode = "exercise-statements" if commit == "e3cc882" else "exercise"
     out = run_v1(v1_packages[commit], mode, url, schema, tmp_path, str(shared))
     if mode == "exercise-statements":  # its check knows no newer schema: the refusal of its day
-        assert "alkstore_0002" in out["refused"]
+        assert migrations.head_revision() in out["refused"]
     else:
         assert "refused" not in out
     assert out["claimed"] == out["enqueued"] and len(out["claimed"]) == 4  # the rolled-back one is absent

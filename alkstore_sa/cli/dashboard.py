@@ -1,0 +1,44 @@
+"""``alkstore dashboard``: serve the operations dashboard alone until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import add_database_options, open_store, stop_on_signals
+from ._errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "dashboard",
+        help="serve the web dashboard (queues, jobs, dead letters, schedules, workers, streams)",
+        description="Serve the operations dashboard. It has no login: bind it to localhost "
+        "(the default) or put it behind your own authentication (docs/operations.md).",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080; 0 picks a free one)")
+    p.add_argument("--read-only", action="store_true", help="show no actions; refuse every POST")
+    add_database_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be a TCP port between 0 and 65535, got {args.port}")
+    from ..dashboard import create_wsgi_app
+    from ..dashboard.server import make_server, serve_until, served_url
+
+    store = open_store(args)
+    try:
+        store.check_schema()  # a missing or old schema is said now, not on the first page view
+        try:
+            server = make_server(create_wsgi_app(store, read_only=args.read_only), args.host, args.port)
+        except OSError as exc:  # e.g. the port is taken: the one-line error, exit 1
+            raise OSError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+        stop = stop_on_signals("stopping the dashboard")
+        mode = " (read-only)" if args.read_only else ""
+        print(f"alkstore dashboard: serving {served_url(server)}{mode}", flush=True)
+        serve_until(server, stop)
+    finally:
+        store.close()
+    return 0

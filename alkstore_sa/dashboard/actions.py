@@ -1,0 +1,88 @@
+"""The dashboard's actions (POST only, after the CSRF checks in ``app``): requeue or delete
+dead jobs, cancel a pending job, pause or resume a queue. Each goes through the public
+queue operations and answers 303 back to the page it came from."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from ..errors import InvalidOptions
+from ..model import Job
+from .http import Request, Response, redirect
+from .view import View
+
+MAX_IDS = 1000  # one bulk form holds a page of ids; more is not a form we rendered
+
+
+def back_to(request: Request, default: str = "/") -> str:
+    """Where to go after an action: the form's ``next`` or the Referer, when it is a page of
+    this app (a path under the mount prefix), else ``default``."""
+    root = request.root
+    for candidate in (request.field("next"), request.headers.get("referer")):
+        if not candidate:
+            continue
+        parts = urlsplit(candidate)
+        if (parts.scheme or parts.netloc) and parts.netloc.lower() != request.headers.get("host", "").lower():
+            continue  # another site's page
+        path = parts.path
+        if "\\" in candidate or path.startswith("//") or not (path == root or path.startswith(root + "/")):
+            continue
+        return path + (f"?{parts.query}" if parts.query else "")
+    return root + default
+
+
+def form_ids(request: Request) -> list[int]:
+    raw = request.form.get("id", [])
+    if not raw:
+        raise InvalidOptions("no job selected")
+    if len(raw) > MAX_IDS:
+        raise InvalidOptions(f"at most {MAX_IDS} jobs at once")
+    try:
+        return list(dict.fromkeys(int(x) for x in raw))
+    except ValueError:
+        raise InvalidOptions("job ids must be integers") from None
+
+
+def _dead_jobs(view: View) -> list[Job]:
+    """The selected dead jobs (of the form's ``queue`` when given); others are skipped."""
+    queue = view.request.field("queue") or None
+    jobs = []
+    for job_id in form_ids(view.request):
+        job = view.store.get_job(job_id)
+        if job is not None and job.state == "dead" and (queue is None or job.queue == queue):
+            jobs.append(job)
+    return jobs
+
+
+def requeue_dead(view: View) -> Response:
+    """Each selected dead job back as a fresh job with the stamps it had."""
+    for job in _dead_jobs(view):
+        q = view.store.queue(
+            job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
+            backoff_base=job.backoff_base, dead_letter_retention=job.dead_letter_retention,
+        )
+        q.requeue_dead(job.id)
+    return redirect(back_to(view.request, "/dead"))
+
+
+def delete_dead(view: View) -> Response:
+    for job in _dead_jobs(view):
+        view.store.queue(job.queue).delete_dead(job.id)
+    return redirect(back_to(view.request, "/dead"))
+
+
+def cancel(view: View, job_id: int) -> Response:
+    """Cancel a pending job (one claimed since the page was shown is left alone)."""
+    job = view.store.get_job(job_id)
+    if job is not None and job.state == "pending":
+        view.store.queue(job.queue).cancel(job_id)
+    return redirect(back_to(view.request))
+
+
+def pause(view: View, queue: str, paused: bool) -> Response:
+    q = view.store.queue(queue)
+    if paused:
+        q.pause()
+    else:
+        q.resume()
+    return redirect(back_to(view.request))

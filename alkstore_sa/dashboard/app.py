@@ -1,0 +1,114 @@
+"""The dashboard as one handler, Request -> Response: routing, the read-only and
+cross-site gates in front of every action, the vendored static files, and how errors are
+answered (400 for bad input, 404, 403, 405; a 500 logs and shows no internals)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from importlib import resources
+
+from ..errors import InvalidName, InvalidOptions
+from ..store import Store
+from . import actions, inventory, jobs, queues
+from .csrf import Csrf
+from .html import error_page
+from .http import Request, Response
+from .view import View
+
+log = logging.getLogger("alkstore_sa.dashboard")
+
+Route = tuple[re.Pattern[str], Callable[..., Response | None]]
+
+STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
+
+# queue names are greedy (.+): a name may itself contain "/" (sent encoded, decoded by the server)
+GET: list[Route] = [
+    (re.compile(r"/"), queues.queues_page),
+    (re.compile(r"/api/counts"), queues.counts_json),
+    (re.compile(r"/queues/(.+)"), jobs.queue_page),
+    (re.compile(r"/jobs/(-?\d+)"), lambda view, i: jobs.job_page(view, int(i))),
+    (re.compile(r"/dead"), jobs.dead_page_view),
+    (re.compile(r"/schedules"), inventory.schedules_page),
+    (re.compile(r"/workers"), inventory.workers_page),
+    (re.compile(r"/streams"), inventory.streams_page),
+]
+POST: list[Route] = [
+    (re.compile(r"/dead/requeue"), actions.requeue_dead),
+    (re.compile(r"/dead/delete"), actions.delete_dead),
+    (re.compile(r"/jobs/(-?\d+)/cancel"), lambda view, i: actions.cancel(view, int(i))),
+    (re.compile(r"/queues/(.+)/pause"), lambda view, q: actions.pause(view, q, True)),
+    (re.compile(r"/queues/(.+)/resume"), lambda view, q: actions.pause(view, q, False)),
+]
+
+
+def _match(routes: list[Route], path: str) -> tuple[Callable[..., Response | None], tuple[str, ...]] | None:
+    for pattern, handler in routes:
+        m = pattern.fullmatch(path)
+        if m:
+            return handler, m.groups()
+    return None
+
+
+class Dashboard:
+    """The framework-neutral dashboard application of one store."""
+
+    def __init__(self, store: Store, *, read_only: bool = False, csrf_secret: bytes | None = None) -> None:
+        self.store = store
+        self.read_only = read_only
+        self.csrf = Csrf(csrf_secret)
+
+    def __call__(self, request: Request) -> Response:
+        view = View(request, self.store, self.read_only)
+        try:
+            return self._dispatch(view)
+        except (InvalidName, InvalidOptions) as exc:
+            return error_page(request, 400, str(exc))
+        except Exception:
+            log.exception("dashboard: %s %s failed", request.method, request.root + request.path)
+            return error_page(request, 500, "internal error (see the server log)")
+
+    def _dispatch(self, view: View) -> Response:
+        request = view.request
+        if request.path.startswith("/static/"):
+            return self._static(request)
+        if request.method in ("GET", "HEAD"):
+            found = _match(GET, request.path)
+            if found is None:
+                return self._not_allowed_or_missing(request, POST)
+            if not self.read_only:
+                view.token, view.cookie = self.csrf.issue(request)
+            handler, args = found
+            response = handler(view, *args)
+            return response if response is not None else error_page(request, 404, "not found")
+        if request.method == "POST":
+            found = _match(POST, request.path)
+            if found is None:
+                return self._not_allowed_or_missing(request, GET)
+            if self.read_only:
+                return error_page(request, 403, "read-only dashboard: actions are disabled")
+            refusal = self.csrf.refusal(request)
+            if refusal is not None:
+                return error_page(request, 403, refusal)
+            handler, args = found
+            return handler(view, *args) or error_page(request, 404, "not found")
+        return self._method_not_allowed(request)
+
+    def _not_allowed_or_missing(self, request: Request, other: list[Route]) -> Response:
+        if _match(other, request.path) is not None:
+            return self._method_not_allowed(request)
+        return error_page(request, 404, "not found")
+
+    def _method_not_allowed(self, request: Request) -> Response:
+        response = error_page(request, 405, f"method {request.method} not allowed")
+        response.headers.append(("Allow", "POST" if _match(POST, request.path) else "GET, HEAD"))
+        return response
+
+    def _static(self, request: Request) -> Response:
+        name = request.path[len("/static/"):]
+        ctype = STATIC.get(name)
+        if ctype is None or request.method not in ("GET", "HEAD"):
+            return error_page(request, 404, "not found")
+        data = resources.files(__package__).joinpath("static").joinpath(name).read_bytes()
+        return Response(200, data, ctype, headers=[("Cache-Control", "public, max-age=300")])

@@ -1,0 +1,123 @@
+"""HTML building blocks: escaping, prefix-carrying URLs, the page layout with its nav, and
+action forms. Every value that came from a user or the database goes through ``esc``."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from .csrf import FIELD
+from .http import Request, Response
+
+NAV = (
+    ("nav-queues", "/", "Queues"),
+    ("nav-dead", "/dead", "Dead letters"),
+    ("nav-schedules", "/schedules", "Schedules"),
+    ("nav-workers", "/workers", "Workers"),
+    ("nav-streams", "/streams", "Streams"),
+)
+
+
+def esc(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def url(request: Request, path: str, query: Mapping[str, object] | None = None) -> str:
+    """``path`` (already encoded, starting with ``/``) under the mount prefix, plus a query."""
+    q = {k: v for k, v in (query or {}).items() if v is not None}
+    return request.root + path + (f"?{urlencode(q)}" if q else "")
+
+
+def seg(name: str) -> str:
+    """A name as one URL path segment (``/`` and every other special character encoded)."""
+    return quote(name, safe="")
+
+
+def when(value: datetime | float | None) -> str:
+    """A timestamp as UTC ISO 8601 (seconds), or ``-``."""
+    if value is None:
+        return "-"
+    if not isinstance(value, datetime):
+        value = datetime.fromtimestamp(float(value), timezone.utc)
+    return value.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def age(seconds: float | None) -> str:
+    """A duration for people: ``-``, ``4.2s``, ``3m 04s``, ``2h 05m``, ``3d 04h``."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def pretty_json(payload: Any) -> str:
+    return json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def preview(payload: Any, limit: int = 80) -> str:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def hidden(fields: Iterable[tuple[str, object]]) -> str:
+    return "".join(f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">' for k, v in fields)
+
+
+def action_form(
+    request: Request, token: str, action: str, button: str, fields: Iterable[tuple[str, object]] = (),
+    *, form_id: str | None = None, next_url: str | None = None, css: str = "inline",
+) -> str:
+    """A POST form to ``action`` (an app path) with the CSRF token, the page to come back
+    to (``next_url``, default this one), extra hidden ``fields`` and ``button`` (its HTML)."""
+    ident = f' id="{esc(form_id)}"' if form_id else ""
+    if next_url is None:
+        qs = request.query_string
+        next_url = request.root + request.path + (f"?{qs}" if qs else "")
+    back = [(FIELD, token), ("next", next_url)]
+    return (
+        f'<form method="post" class="{css}"{ident} action="{esc(url(request, action))}">'
+        f"{hidden([*back, *fields])}{button}</form>"
+    )
+
+
+def page(request: Request, title: str, body: str, *, status: int = 200, cookie: str | None = None) -> Response:
+    """A whole page: head (the vendored CSS/JS), nav, ``title`` and ``body`` (HTML)."""
+    nav = "".join(
+        f'<a id="{ident}" href="{esc(url(request, path))}"{_current(request.path, path)}>{label}</a>'
+        for ident, path, label in NAV
+    )
+    document = (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)} · alkstore</title>"
+        f'<link rel="stylesheet" href="{esc(url(request, "/static/dashboard.css"))}">'
+        f'<script src="{esc(url(request, "/static/dashboard.js"))}" defer></script>'
+        "</head><body>"
+        f'<header><span class="brand">alkstore</span><nav>{nav}</nav></header>'
+        f"<main><h1>{esc(title)}</h1>{body}</main></body></html>\n"
+    )
+    headers = [("Cache-Control", "no-store")]
+    if cookie is not None:
+        headers.append(("Set-Cookie", cookie))
+    return Response(status, document.encode("utf-8"), headers=headers)
+
+
+def _current(path: str, nav_path: str) -> str:
+    """The attribute marking the nav link of the page shown."""
+    here = path == "/" or path.startswith("/queues/") if nav_path == "/" else path == nav_path
+    return ' class="current"' if here else ""
+
+
+def error_page(request: Request, status: int, message: str) -> Response:
+    return page(request, f"{status}", f'<p class="error">{esc(message)}</p>', status=status)

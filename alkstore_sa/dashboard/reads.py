@@ -1,0 +1,146 @@
+"""What the dashboard reads from a store: the queue overview (the metrics gauges' one
+statement plus the settings table), keyset pages of jobs, stream consumers. Each read is
+bounded: a page is at most ``PAGE`` rows, never an OFFSET."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _validate as v
+from .._gauges import QueueGauges, read_gauges
+from .._rows import FIELD, job_from_row, ts
+from ..model import Job, QueueSettings
+from ..store import Store
+
+PAGE = 50
+STATES = ("ready", "scheduled", "processing", "dead")
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One line of the queues page."""
+
+    name: str
+    gauges: QueueGauges
+    settings: QueueSettings
+
+    def as_json(self) -> dict[str, Any]:
+        g, s = self.gauges, self.settings
+        return {
+            "ready": g.ready, "scheduled": g.scheduled, "processing": g.processing, "dead": g.dead,
+            "oldest_ready_age": g.oldest_ready_age, "paused": s.paused, "concurrency": s.concurrency,
+            "rate_limit": s.rate_limit, "rate_per": s.rate_per,
+        }
+
+
+def queue_rows(store: Store) -> list[QueueRow]:
+    """Every queue with jobs (live or dead) or settings, by name: one grouped statement over
+    the indexes (the metrics gauges) and one read of the small settings table."""
+    gauges = read_gauges(store)
+    settings = store.queue_settings()
+    return [
+        QueueRow(name, gauges.get(name, QueueGauges()), settings.get(name, QueueSettings()))
+        for name in sorted(set(gauges) | set(settings))
+    ]
+
+
+@dataclass(frozen=True)
+class Page:
+    """Jobs of one page and the query parameters of the next page (None: this is the last)."""
+
+    jobs: list[Job]
+    next_query: dict[str, object] | None
+
+
+def _page(rows: list[tuple[Any, ...]], limit: int, key: Callable[[tuple[Any, ...]], dict[str, object]]) -> Page:
+    jobs = [job_from_row(r) for r in rows[:limit]]
+    return Page(jobs, key(rows[limit - 1]) if len(rows) > limit else None)
+
+
+def _by_id(row: tuple[Any, ...]) -> dict[str, object]:
+    return {"after": row[0]}
+
+
+def _by_claim_order(row: tuple[Any, ...]) -> dict[str, object]:
+    # run_at exactly as stored (repr round-trips a float): the next page starts right after it
+    return {"priority": row[FIELD["priority"]], "run_at": repr(float(row[FIELD["run_at"]])), "after": row[0]}
+
+
+def _bound(key: int | None, default: int) -> int:
+    return default if key is None else max(min(key, v.INT64_MAX), v.INT64_MIN)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a page of a queue's jobs starts: after the job ``after`` (its ``priority`` and
+    ``run_at`` too for the claim-ordered ready and scheduled pages). All None: the start."""
+
+    after: int | None = None
+    priority: int | None = None
+    run_at: float | None = None
+
+
+def jobs_page(store: Store, queue: str, state: str, cursor: Cursor = Cursor(), limit: int = PAGE) -> Page:
+    """Jobs of ``queue`` in ``state``: ready and scheduled ones in claim order (priority,
+    then run_at, then id), processing and dead ones by id; the page after ``cursor``."""
+    store._check_open()
+    queue = v.name(queue, "queue name")
+    params: dict[str, Any] = {"queue": queue, "after": _bound(cursor.after, 0), "limit": limit + 1, "now": store.now()}
+    resume = cursor.after is not None
+    if state in ("ready", "scheduled") and resume:
+        priority, run_at = cursor.priority, cursor.run_at
+        if priority is None or run_at is None:  # a hand-made ?after=ID: where that job stands
+            job = store.get_job(_bound(cursor.after, 0))
+            resume = job is not None
+            priority, run_at = (job.priority, job.run_at.timestamp()) if job is not None else (0, 0.0)
+        params.update(priority=v.int32(priority, "priority"), run_at=run_at)
+    with store.executor(retry=True) as ex:  # a read
+        if state == "dead":
+            return _page(store.backend.dead_page(ex, params, by_queue=True, ascending=True), limit, _by_id)
+        if state == "processing":
+            return _page(store.backend.processing_page(ex, params), limit, _by_id)
+        rows = store.backend.pending_page(ex, params, state=state, resume=resume)
+    return _page(rows, limit, _by_claim_order)
+
+
+def dead_page(store: Store, queue: str | None, before: int | None, limit: int = PAGE) -> Page:
+    """Dead jobs (of ``queue``, or of every queue) with ids below ``before``, newest first."""
+    store._check_open()
+    params: dict[str, Any] = {"before": _bound(before, v.INT64_MAX), "limit": limit + 1}
+    if queue is not None:
+        params["queue"] = v.name(queue, "queue name")
+    with store.executor(retry=True) as ex:  # a read
+        rows = store.backend.dead_page(ex, params, by_queue=queue is not None, ascending=False)
+    return _page(rows, limit, lambda row: {"before": row[0]})
+
+
+@dataclass(frozen=True)
+class Consumer:
+    name: str
+    offset: int
+    lag: int
+    updated_at: Any
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    name: str
+    last_offset: int
+    consumers: list[Consumer]
+
+
+def stream_rows(store: Store) -> list[StreamRow]:
+    """Every stream with its last offset, and each consumer's committed offset and lag."""
+    store._check_open()
+    with store.executor(retry=True) as ex:  # reads of two small tables
+        last = store.backend.stream_offsets(ex, {})
+        consumers = store.backend.stream_consumers(ex, {})
+    by_stream: dict[str, list[Consumer]] = {}
+    for stream, consumer, offset, updated_at in consumers:
+        top = last.get(stream, 0)
+        by_stream.setdefault(stream, []).append(
+            Consumer(consumer, int(offset), max(0, top - int(offset)), ts(updated_at))
+        )
+    return [StreamRow(name, last.get(name, 0), by_stream.get(name, [])) for name in sorted(set(last) | set(by_stream))]

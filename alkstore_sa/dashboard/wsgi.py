@@ -1,0 +1,56 @@
+"""The WSGI adapter: a WSGI environ becomes a Request (``SCRIPT_NAME`` is the mount prefix,
+as ``DispatcherMiddleware`` and every WSGI server set it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .http import MAX_BODY, Request, Response
+
+Handler = Callable[[Request], Response]
+StartResponse = Callable[..., Any]
+
+
+def _text(environ: dict[str, Any], key: str) -> str:
+    # PEP 3333: environ strings are the raw bytes as latin-1; URLs are UTF-8
+    return str(environ.get(key) or "").encode("latin-1").decode("utf-8", "replace")
+
+
+def request_from_environ(environ: dict[str, Any]) -> Request | None:
+    """A Request from a WSGI environ; None when the body is over MAX_BODY."""
+    headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
+    for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        if environ.get(key):
+            headers[key.replace("_", "-").lower()] = str(environ[key])
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > MAX_BODY:
+        return None
+    body = environ["wsgi.input"].read(length) if length > 0 else b""
+    return Request(
+        method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
+        path=_text(environ, "PATH_INFO") or "/",
+        root=_text(environ, "SCRIPT_NAME").rstrip("/"),
+        query_string=str(environ.get("QUERY_STRING") or ""),
+        headers=headers,
+        body=body,
+        scheme=str(environ.get("wsgi.url_scheme") or "http"),
+    )
+
+
+def wsgi_app(handler: Handler) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
+    """A WSGI application serving ``handler``."""
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        request = request_from_environ(environ)
+        if request is None:
+            response = Response(413, b"request body too large", "text/plain; charset=utf-8")
+        else:
+            response = handler(request)
+        start_response(response.status_line, response.all_headers())
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else response.body]
+
+    return app

@@ -1,0 +1,149 @@
+"""Flask integration (optional: ``pip install 'alkstore-sa[flask]'``): a ``flask alkstore
+worker`` command for an app, whose tasks each run inside the app's application context.
+
+    from alkstore_sa.flask import init_app
+
+    def create_app() -> Flask:
+        app = Flask(__name__)
+        db.init_app(app)
+        with app.app_context():
+            store = alk.Store(db.engine)
+        init_app(app, tasks, store)
+        return app
+
+    $ flask --app myapp alkstore worker            # every queue that has a task
+    $ flask --app myapp alkstore worker -q emails  # only 'emails'
+
+Flask's own CLI loads the app (``--app``, an app factory included), so the worker uses the
+app's configuration and its engine. Each task run pushes a fresh application context of
+that app, so Flask-SQLAlchemy's ``db.session`` works in tasks and is removed (closed,
+rolled back if uncommitted) when the task ends. SIGTERM or SIGINT stops the worker
+gracefully and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidOptions, MissingExtra, NotInstalled, SchemaOutdated
+
+try:
+    import click
+    from flask import Flask, current_app
+    from flask.cli import AppGroup
+except ImportError as exc:
+    raise MissingExtra("alkstore_sa.flask needs Flask: pip install 'alkstore-sa[flask]'") from exc
+
+from .cli._common import stop_on_signals
+from .store import Store
+from .tasks import Task, Tasks
+from .worker import Worker
+
+EXTENSION = "alkstore"  # app.extensions[EXTENSION]: the app's Store
+
+__all__ = ["EXTENSION", "init_app", "app_context_tasks"]
+
+
+@dataclass(frozen=True)
+class _State:
+    tasks: Tasks
+
+
+def init_app(app: Flask, tasks: Tasks, store: Store | None = None) -> None:
+    """Make ``store`` the app's store (``app.extensions["alkstore"]``; None: the one already
+    there) and add the ``flask alkstore worker`` command serving ``tasks``."""
+    if not isinstance(tasks, Tasks):
+        raise InvalidOptions(f"init_app(app, tasks, store): tasks must be an alk.Tasks registry, got {type(tasks).__name__}")
+    if store is None:
+        store = app.extensions.get(EXTENSION)
+        if not isinstance(store, Store):
+            raise InvalidOptions(
+                'init_app(app, tasks, store): pass the app\'s Store (or set app.extensions["alkstore"] first)'
+            )
+    elif not isinstance(store, Store):
+        raise InvalidOptions(f"init_app(app, tasks, store): store must be an alk.Store, got {type(store).__name__}")
+    app.extensions[EXTENSION] = store
+    app.extensions[f"{EXTENSION}.tasks"] = _State(tasks)
+    if "alkstore" not in app.cli.commands:
+        app.cli.add_command(_group())
+
+
+def app_context_tasks(app: Flask, tasks: Tasks) -> Tasks:
+    """A registry with the same tasks (names, queues, options), each run inside a fresh
+    application context of ``app``: what ``flask alkstore worker`` serves. Use it to run
+    ``alk.Worker(store, app_context_tasks(app, tasks))`` yourself."""
+    wrapped = Tasks()
+    for task in tasks:
+        wrapped._add(Task(_with_context(app, task), name=task.name, queue=task.queue, opts=task.opts,
+                          priority=task.priority))
+    return wrapped
+
+
+def _with_context(app: Flask, task: Task[..., Any]) -> Callable[..., Any]:
+    func = task.func
+    if task.is_async:
+        @functools.wraps(func)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            with app.app_context():  # Flask keeps it in a context variable: this asyncio task's own
+                return await func(*args, **kwargs)
+
+        return run_async
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with app.app_context():
+            return func(*args, **kwargs)
+
+    return run
+
+
+class _CannotRun(click.ClickException):
+    """Exit 2, as ``alkstore worker`` does when the tables are missing or outdated."""
+
+    exit_code = 2
+
+
+def _group() -> AppGroup:
+    group = AppGroup("alkstore", help="alkstore_sa: run the app's tasks.")
+
+    @group.command("worker")
+    @click.option("--queue", "-q", "queues", multiple=True,
+                  help="a queue to serve (repeatable; default: every queue that has a task)")
+    @click.option("-c", "--concurrency", type=int, default=None, help="jobs in flight at once (default 8)")
+    @click.option("--worker-id", default=None, help="claimant label (default host:pid:random)")
+    @click.option("--batch-size", type=int, default=None, help="jobs per claim (default: concurrency)")
+    @click.option("--poll-interval", type=float, default=5.0, show_default=True, help="re-poll safety net, seconds")
+    @click.option("--grace", type=float, default=30.0, show_default=True,
+                  help="seconds in-flight jobs get at shutdown")
+    @click.option("--burst", is_flag=True, help="exit once no queue has anything claimable")
+    def worker(queues: tuple[str, ...], concurrency: int | None, worker_id: str | None,
+               batch_size: int | None, poll_interval: float, grace: float, burst: bool) -> None:
+        """Run the app's tasks until SIGTERM/SIGINT (then finish in-flight jobs, exit 0)."""
+        _run(current_app._get_current_object(), list(queues) or None, {  # type: ignore[attr-defined]
+            "concurrency": concurrency, "worker_id": worker_id, "batch_size": batch_size,
+            "poll_interval": poll_interval, "shutdown_grace": grace,
+        }, burst)
+
+    return group
+
+
+def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: bool) -> None:
+    log = logging.getLogger("alkstore_sa")
+    if not logging.getLogger().handlers and not log.handlers:  # as `alkstore worker` logs
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state: _State = app.extensions[f"{EXTENSION}.tasks"]
+    store: Store = app.extensions[EXTENSION]
+    try:
+        worker = Worker(store, app_context_tasks(app, state.tasks), queues=queues, **options)
+    except InvalidOptions as exc:  # e.g. a --queue with no task in the registry
+        raise click.UsageError(str(exc)) from exc
+    stop = stop_on_signals()
+    try:
+        worker.run(stop, burst=burst)
+    except (NotInstalled, SchemaOutdated) as exc:  # names the command to run
+        raise _CannotRun(str(exc)) from exc
+    click.echo(f"worker: {worker.processed} job(s) done")

@@ -1,0 +1,237 @@
+"""OpenTelemetry tracing (SPEC §15), an optional extra: ``pip install 'alkstore-sa[tracing]'``.
+
+After ``instrument()``, spans go to the global tracer provider (``opentelemetry.trace``):
+
+- every enqueue of this process makes a PRODUCER span ``send QUEUE`` around its insert,
+  one per job (``enqueue_many`` too), and stores the span's W3C trace context (what the
+  global propagator injects: ``traceparent``, ``tracestate``, ...) in the job's row, as
+  JSON;
+- every execution of a job by a ``Worker`` of this process makes a CONSUMER span
+  ``process QUEUE``, current while the handler or task runs (sync or ``async def``, so
+  the spans it makes nest under it) and ended once its outcome is recorded. It starts a
+  trace of its own and carries a span **link** to the enqueue's context (a retry is a new
+  span with the same link); ``process_span`` does the same for code that claims jobs
+  itself.
+
+Both carry ``messaging.system="alkstore"``, ``messaging.destination.name`` (the queue),
+``messaging.message.id`` (the job id as a string) and ``messaging.operation.type``; the
+consumer also ``alkstore.attempt``, ``alkstore.outcome`` and, on a ``Tasks`` worker,
+``alkstore.task``. Importing ``alkstore_sa`` never imports this module or OpenTelemetry,
+and until ``instrument()`` no span is made and no trace context is stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from . import __version__, _tracing
+from .errors import MissingExtra
+from .model import Job
+from .queue import JobHandle
+from .worker.observe import LOST
+from .worker.outcomes import Outcome
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+except ImportError as exc:
+    raise MissingExtra(
+        "alkstore_sa.tracing needs opentelemetry-api: pip install 'alkstore-sa[tracing]'"
+    ) from exc
+
+SYSTEM = "alkstore"
+_SCOPE = "alkstore_sa"
+
+
+def instrument() -> None:
+    """Trace the enqueues and the worker executions of this process (idempotent)."""
+    global _installed
+    if not isinstance(_tracing.tracer, _Tracer):
+        if _installed is None:
+            _installed = _Tracer()
+        _tracing.install(_installed)
+
+
+def uninstrument() -> None:
+    """Stop tracing: later enqueues store no trace context and make no span (spans open now
+    still end normally)."""
+    if isinstance(_tracing.tracer, _Tracer):
+        _tracing.install(None)
+
+
+def is_instrumented() -> bool:
+    """Whether ``instrument()`` is in effect in this process."""
+    return isinstance(_tracing.tracer, _Tracer)
+
+
+@contextmanager
+def process_span(job: JobHandle | Job) -> Iterator[Span]:
+    """A CONSUMER span ``process QUEUE`` for a job claimed by your own code (the ``Worker``
+    makes its own), current inside the block and linked to the job's enqueue; an exception
+    leaving the block is recorded on it. It is a child of the span current where it is
+    opened, if any. Works whether or not ``instrument()`` was called (without it, jobs
+    carry no trace context, so the span has no link)::
+
+        h = q.claim_one("w1")
+        with alkstore_sa.tracing.process_span(h):
+            handle(h.payload)
+        h.ack()
+    """
+    j = job.job if isinstance(job, JobHandle) else job
+    with _tracer().start_as_current_span(
+        f"process {j.queue}", kind=SpanKind.CONSUMER, links=_links(j.trace_context),
+        attributes=_consumer_attributes(j),
+    ) as span:
+        yield span
+
+
+def link_of(trace_context: str | None) -> Link | None:
+    """The link to the enqueue a job's stored ``trace_context`` names (None: no valid one)."""
+    links = _links(trace_context)
+    return links[0] if links else None
+
+
+# -- internals -----------------------------------------------------------------------------
+
+_installed: _Tracer | None = None  # made once: switching on again reuses its tracer
+
+
+def _tracer() -> trace.Tracer:
+    # the global provider's tracer: a proxy until the application sets a provider, so
+    # instrument() may be called before or after that
+    return trace.get_tracer(_SCOPE, __version__)
+
+
+def _inject(ctx: otel_context.Context | None = None) -> str | None:
+    """The trace context of ``ctx`` (default: the current one) as the global propagator
+    writes it, as compact JSON; None when it writes nothing (no valid span, e.g. the
+    no-op provider)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=ctx)
+    return json.dumps(carrier, separators=(",", ":"), sort_keys=True) if carrier else None
+
+
+def _links(trace_context: str | None) -> list[Link]:
+    if not trace_context:
+        return []
+    try:
+        carrier = json.loads(trace_context)
+    except ValueError:
+        return []
+    if not isinstance(carrier, dict):
+        return []
+    span_context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+    return [Link(span_context)] if span_context.is_valid else []
+
+
+def _producer_attributes(queue: str) -> dict[str, Any]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": queue,
+        "messaging.operation.type": "send",
+    }
+
+
+def _consumer_attributes(job: Job) -> dict[str, Any]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": job.queue,
+        "messaging.message.id": str(job.id),
+        "messaging.operation.type": "process",
+        "alkstore.attempt": job.attempts,
+    }
+
+
+class _Tracer:
+    """The installed tracer (``_tracing.Tracer``): makes the spans, reads and writes the
+    trace context."""
+
+    def __init__(self) -> None:
+        self._tracer = _tracer()
+
+    def send(self, queue: str, params: Mapping[str, Any], run: Callable[[dict[str, Any]], int]) -> int:
+        with self._tracer.start_as_current_span(
+            f"send {queue}", kind=SpanKind.PRODUCER, attributes=_producer_attributes(queue)
+        ) as span:
+            # the id exists only after the insert: the attribute is set then, inside the span
+            job_id = run({**params, "trace_context": _inject()})
+            span.set_attribute("messaging.message.id", str(job_id))
+            return job_id
+
+    def send_many(self, queue: str, count: int, run: Callable[[list[str | None]], list[int]]) -> list[int]:
+        # one span per job, siblings under the current span: each job has its own message
+        # id and its own producer span for its executions to link to
+        attributes = _producer_attributes(queue)
+        spans = [
+            self._tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes)
+            for _ in range(count)
+        ]
+        try:
+            ids = run([_inject(trace.set_span_in_context(s)) for s in spans])
+        except BaseException as exc:
+            for s in spans:
+                s.record_exception(exc)
+                s.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                s.end()
+            raise
+        for s, job_id in zip(spans, ids, strict=True):
+            s.set_attribute("messaging.message.id", str(job_id))
+            s.end()
+        return ids
+
+    def process(self, job: Job, attributes: Mapping[str, Any]) -> _Execution:
+        span = self._tracer.start_span(
+            f"process {job.queue}",
+            # a trace of its own (the claim loop's context is no parent), linked to the enqueue
+            context=otel_context.Context(),
+            kind=SpanKind.CONSUMER,
+            links=_links(job.trace_context),
+            attributes={**_consumer_attributes(job), **attributes},
+        )
+        return _Execution(span)
+
+
+class _Execution:
+    """One execution's CONSUMER span (``_tracing.ExecutionSpan``)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def wrap(self, call: Callable[[], Any], is_async: bool) -> Callable[[], Any]:
+        span = self.span
+        if is_async:
+
+            async def in_span(coro: Any) -> Any:
+                with trace.use_span(span):  # in the job's own asyncio task
+                    return await coro
+
+            return lambda: in_span(call())
+
+        def run() -> Any:
+            with trace.use_span(span):  # records an exception the handler raises
+                return call()
+
+        return run
+
+    def end(self, outcome: Outcome | None, landing: str | None) -> None:
+        span = self.span
+        if outcome is None:
+            span.set_attribute("alkstore.outcome", "abandoned")
+            span.set_status(Status(StatusCode.ERROR, "abandoned: the claim will lapse"))
+        elif landing is None:
+            span.set_attribute("alkstore.outcome", outcome.kind)
+            span.set_status(Status(StatusCode.ERROR, f"{outcome.kind} could not be recorded"))
+        else:
+            span.set_attribute("alkstore.outcome", landing)  # acked, retried, dead or lost
+            if outcome.kind != "ack" or landing == LOST:
+                span.set_status(Status(StatusCode.ERROR, outcome.error or f"{outcome.kind}: {landing}"))
+        span.end()
+
+
+__all__ = ["instrument", "is_instrumented", "link_of", "process_span", "uninstrument"]

@@ -1,0 +1,211 @@
+"""Batched acks: the acks of jobs that finish close together are written as one statement
+per queue (``Queue._ack_claims``), each row still fenced by its own job's claim — id and
+attempt, processing, deadline not passed: the single ack's predicate — so an ack whose
+claim lapsed meanwhile is not applied while the rest of its batch is.
+
+A job whose handler or task returned is handed here (``add``) and keeps its slot. The
+pending acks are written once
+
+- they fill a batch (``max_batch``), or
+- every job in flight is waiting for its ack (nothing else would join the batch soon), or
+- the oldest has waited ``max_delay`` (a few milliseconds; a tenth of the job's visibility
+  timeout if that is shorter).
+
+A batch that an ``add`` on a runner thread makes due is written by that thread, with no
+hand-off; the acker's own writer thread writes the ones that come due by time, or from the
+event loop (which must never block on the database). One batch is written at a time. The
+writer then records each job's outcome as it landed (``finish``: counts, metrics, logs, the
+heartbeat roster) and frees the batch's slots together (``release``), so the claimer's next
+claim is one statement for all of them. Until its ack is written a job stays on the
+heartbeat roster (its claim is still extended) and holds its slot, so ``concurrency`` and
+``run(burst=True)`` count it as in flight and a graceful stop (which waits for every slot)
+writes every pending ack before ``run()`` returns. A process that dies loses only the acks
+not yet written: their jobs are claimed again after their visibility timeout and run once
+more (delivery stays at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..queue import JobHandle
+from .outcomes import ACK, Outcome
+
+if TYPE_CHECKING:
+    from .dispatch import Work
+
+log = logging.getLogger("alkstore_sa")
+
+MAX_DELAY = 0.005  # seconds the oldest ack of a batch may wait for others to join it
+STOP_TIMEOUT = 10.0  # seconds stop() waits for a write in progress (a database outage)
+
+Answer = Callable[[JobHandle], bool]
+"""What the ack of one job did, as ``settle`` asks it: True landed, False refused; raises
+the error of a failed write."""
+
+
+@dataclass
+class _Pending:
+    work: Work
+    due: float  # time.monotonic() by which its ack must be written
+
+
+class Acker:
+    """Collects the acks of a worker's jobs and writes them in batches."""
+
+    def __init__(
+        self,
+        max_batch: int,
+        *,
+        in_flight: Callable[[], int],
+        lost: Callable[[Work], bool],
+        finish: Callable[[Work, Outcome, Answer], None],
+        release: Callable[[int], None],
+        max_delay: float | None = None,
+    ) -> None:
+        self.max_batch = max(1, max_batch)
+        self.max_delay = MAX_DELAY if max_delay is None else max_delay
+        self._in_flight = in_flight  # jobs holding a slot (those pending here included)
+        self._lost = lost  # a heartbeat of the job's claim was refused: not written
+        self._finish = finish  # records one job's outcome, given what its ack did
+        self._release = release  # frees this many slots at once
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: list[_Pending] = []
+        self._writing = False  # a batch is being written (by the writer or a runner thread)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="alkstore-acker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Write what is pending, then end the writer thread (waiting at most STOP_TIMEOUT
+        for a write that hangs)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT)
+            if self._thread.is_alive():
+                log.warning("the worker's ack writer did not finish within %gs; its claims will lapse", STOP_TIMEOUT)
+
+    def add(self, w: Work, outcome: Outcome) -> bool:
+        """Take over ``w``'s outcome if it is an ack (True; its slot is freed with its
+        batch). Anything else, or once stopped, is left to the caller (False)."""
+        if outcome.kind != "ack":
+            return False
+        now = time.monotonic()
+        batch = None
+        with self._cond:
+            if self._stopping or self._thread is None:
+                return False
+            self._pending.append(_Pending(w, now + min(self.max_delay, w.job.visibility_timeout / 10)))
+            if self._due_in(now) <= 0 and not self._writing and asyncio._get_running_loop() is None:
+                batch = self._take()  # due now, on a runner thread: written here, no hand-off
+            elif len(self._pending) == 1 or self._due_in(now) <= 0:
+                # the writer sleeps until the oldest one's due time: tell it about the
+                # first, and about a batch that is due now (from the event loop, which
+                # must not block on the database)
+                self._cond.notify()
+        if batch is not None:
+            self._write_taken(batch)
+        return True
+
+    def _take(self) -> list[_Pending]:
+        """(Lock held.) The next batch, off the list; its writer is the caller."""
+        batch = self._pending[: self.max_batch]
+        del self._pending[: self.max_batch]
+        self._writing = True
+        return batch
+
+    def _write_taken(self, batch: list[_Pending]) -> None:
+        try:
+            self._settle(batch)
+        except BaseException:  # noqa: BLE001 - the slots it holds were freed; the writer lives on
+            log.exception("recording a batch of acks failed unexpectedly; their claims will lapse")
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify()  # the writer looks at what came meanwhile
+
+    def _due_in(self, now: float) -> float:
+        """(Lock held, something pending.) Seconds until the pending acks must be written."""
+        pending = self._pending
+        if self._stopping or len(pending) >= self.max_batch or len(pending) >= self._in_flight():
+            return 0.0
+        return min(p.due for p in pending) - now
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._writing:  # a runner thread writes a batch: one write at a time
+                        wait = None
+                    elif self._pending:
+                        wait = self._due_in(time.monotonic())
+                        if wait <= 0:
+                            batch = self._take()
+                            break
+                    elif self._stopping:
+                        return
+                    else:
+                        wait = None
+                    self._cond.wait(wait)
+            self._write_taken(batch)
+
+    def _settle(self, batch: list[_Pending]) -> None:
+        """Write the batch (one statement per queue), record each job's outcome, then free
+        the batch's slots together."""
+        works = [p.work for p in batch]
+        try:
+            answers = self._write([w for w in works if not self._lost(w)])
+            for w in works:
+                try:
+                    self._finish(w, ACK, answers.get(id(w), _refused))
+                except BaseException:  # noqa: BLE001 - one job's bookkeeping must not cost the others theirs
+                    log.exception("job %s: recording its ack failed unexpectedly", w.handle.id)
+        finally:
+            self._release(len(works))
+
+    @staticmethod
+    def _write(works: list[Work]) -> dict[int, Answer]:
+        """Each work's answer (keyed by ``id(work)``), one statement per queue."""
+        by_queue: dict[str, list[Work]] = {}
+        for w in works:
+            by_queue.setdefault(w.handle._queue.name, []).append(w)
+        answers: dict[int, Answer] = {}
+        for group in by_queue.values():
+            handles = [w.handle for w in group]
+            try:
+                landed = handles[0]._queue._ack_claims(handles)
+            except Exception as exc:  # noqa: BLE001 - each job's outcome says it failed
+                answer = _raising(exc)
+                for w in group:
+                    answers[id(w)] = answer
+                continue
+            for w in group:
+                answers[id(w)] = _landed if (w.handle.id, w.handle._attempts) in landed else _refused
+        return answers
+
+
+def _landed(_h: JobHandle) -> bool:
+    return True
+
+
+def _refused(_h: JobHandle) -> bool:
+    return False
+
+
+def _raising(exc: Exception) -> Answer:
+    def answer(_h: JobHandle) -> bool:
+        raise exc
+
+    return answer

@@ -1,0 +1,125 @@
+"""``flask --app APP alkstore worker`` (alkstore_sa.flask), as a real subprocess on both
+engines: Flask's CLI builds the app with its factory, the worker serves the registry that
+``init_app`` was given, each task (sync and async) runs inside the app's application context
+(``current_app`` and Flask-SQLAlchemy's ``db.session`` work), and SIGTERM stops it with exit 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import alkstore_sa as alk
+from tests.acceptance.test_cli_errors import STARTUP, env
+from tests.support import Target, wait_for
+
+pytest.importorskip("flask_sqlalchemy")
+
+APP = '''
+import os
+
+import sqlalchemy as sa
+from flask import Flask, current_app
+from flask_sqlalchemy import SQLAlchemy
+
+import alkstore_sa as alk
+from alkstore_sa.flask import init_app
+
+db = SQLAlchemy()
+tasks = alk.Tasks()
+DONE = os.environ["DONE_TABLE"]
+
+
+@tasks.task(queue=os.environ["SYNC_QUEUE"], name="flaskapp.record")
+def record(n):
+    # db.session needs the application context the worker pushes for each task
+    db.session.execute(sa.text(f"INSERT INTO {DONE} (n, app) VALUES (:n, :app)"), {"n": n, "app": current_app.name})
+    db.session.commit()
+
+
+@tasks.task(queue=os.environ["ASYNC_QUEUE"], name="flaskapp.arecord")
+async def arecord(n):
+    db.session.execute(sa.text(f"INSERT INTO {DONE} (n, app) VALUES (:n, :app)"), {"n": n, "app": current_app.name})
+    db.session.commit()
+
+
+def create_app():
+    app = Flask("flaskapp")
+    app.config["SQLALCHEMY_DATABASE_URI"] = os.environ["APP_DATABASE_URL"]
+    db.init_app(app)
+    with app.app_context():
+        store = alk.Store(db.engine, schema=os.environ["APP_SCHEMA"])
+    init_app(app, tasks, store)
+    return app
+'''
+
+
+def _flask(db: Target, tmp_path: Path, qname: str, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flask", "--app", "flaskapp", "alkstore", "worker", *argv],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env(
+            PYTHONUNBUFFERED="1", APP_DATABASE_URL=db.url, APP_SCHEMA=db.schema, DONE_TABLE=_done(db, qname),
+            SYNC_QUEUE=f"{qname}-sync", ASYNC_QUEUE=f"{qname}-async",
+        ),
+    )
+
+
+def _done(db: Target, qname: str) -> str:
+    name = "done_" + qname.replace("-", "_")
+    return name if db.kind == "sqlite" else f'"{db.schema}".{name}'
+
+
+def _rows(db: Target, qname: str) -> list[tuple[int, str]]:
+    with db.engine.connect() as c:
+        return [(r[0], r[1]) for r in c.execute(sa.text(f"SELECT n, app FROM {_done(db, qname)} ORDER BY n"))]
+
+
+def test_flask_alkstore_worker_runs_tasks_in_the_app_context(db: Target, tmp_path: Path, qname: str) -> None:
+    (tmp_path / "flaskapp.py").write_text(APP)
+    db.execute(f"CREATE TABLE {_done(db, qname)} (n INTEGER PRIMARY KEY, app TEXT NOT NULL)")
+    store = db.store()
+    sync_id = store.queue(f"{qname}-sync").enqueue({"task": "flaskapp.record", "args": [1], "kwargs": {}})
+    async_id = store.queue(f"{qname}-async").enqueue({"task": "flaskapp.arecord", "args": [2], "kwargs": {}})
+    proc = _flask(db, tmp_path, qname, "--poll-interval", "3600")
+    try:
+        wait_for(lambda: len(_rows(db, qname)) == 2 or proc.poll() is not None, "both tasks to run", STARTUP)
+        assert proc.poll() is None, proc.communicate()
+        wait_for(lambda: store.get_job(sync_id) is None and store.get_job(async_id) is None, "both acks")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=STARTUP)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        store.close()
+    assert proc.returncode == 0, (out, err)
+    assert _rows(db, qname) == [(1, "flaskapp"), (2, "flaskapp")]
+    assert "worker: 2 job(s) done" in out
+    assert "received SIGTERM; stopping" in err
+
+
+def test_flask_alkstore_worker_refuses_a_queue_with_no_task(db: Target, tmp_path: Path, qname: str) -> None:
+    (tmp_path / "flaskapp.py").write_text(APP)
+    proc = _flask(db, tmp_path, qname, "--queue", "nope")
+    out, err = proc.communicate(timeout=STARTUP)
+    assert proc.returncode == 2, (out, err)
+    assert "queue 'nope' has no task in this registry" in err
+
+
+def test_init_app_checks_its_arguments(dbstore: alk.Store) -> None:
+    flask = pytest.importorskip("flask")
+    from alkstore_sa.flask import EXTENSION, init_app
+
+    app = flask.Flask("checks")
+    with pytest.raises(alk.InvalidOptions, match="Tasks registry"):
+        init_app(app, "tasks", dbstore)  # type: ignore[arg-type]
+    with pytest.raises(alk.InvalidOptions, match="pass the app's Store"):
+        init_app(app, alk.Tasks())
+    app.extensions[EXTENSION] = dbstore
+    init_app(app, alk.Tasks())  # the store already there
+    assert "alkstore" in app.cli.commands

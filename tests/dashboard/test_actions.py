@@ -1,0 +1,207 @@
+"""The dashboard's actions change the database through the queue operations, and only
+for a same-site POST with a valid token: a missing or wrong token, a cross-site request
+or a read-only dashboard gets 403 and changes nothing."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+
+import alkstore_sa as alk
+from tests.dashboard.conftest import HOST, WsgiBrowser
+from tests.dashboard.seed import Seeded, seed
+
+
+def _token(dash, path: str = "/") -> str:
+    return dash.get(path).token()
+
+
+def _state(store: alk.Store, s: Seeded) -> tuple[object, ...]:
+    """Everything an action could change, to compare before and after a refusal."""
+    q = store.queue(s.queue)
+    return (q.stats(), q.settings(), [j.id for j in q.dead_jobs()], [store.get_job(i) for i in s.ready])
+
+
+def test_requeue_single_dead_job(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    dead = store.get_job(s.dead[0])
+    assert dead is not None
+    r = dash.post(
+        "/dead/requeue",
+        {"csrf_token": _token(dash), "id": s.dead[0], "queue": qname, "next": f"/queues/{qname}?state=dead"},
+    )
+    assert r.status == 303 and r.headers["location"] == f"/queues/{qname}?state=dead"
+    assert store.get_job(s.dead[0]) is None
+    q = store.queue(qname)
+    assert [j.id for j in q.dead_jobs()] == [s.dead[1]]
+    assert q.stats().ready == len(s.ready) + 1
+    newest = max(j.id for j in _ready_jobs(store, qname))
+    job = store.get_job(newest)
+    assert job is not None and job.payload == dead.payload and job.max_attempts == dead.max_attempts
+
+
+def _ready_jobs(store: alk.Store, queue: str) -> list[alk.Job]:
+    from alkstore_sa.dashboard.reads import jobs_page
+
+    return jobs_page(store, queue, "ready").jobs
+
+
+def test_bulk_requeue_and_bulk_delete(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname, dead=4)
+    token = _token(dash, f"/queues/{qname}?state=dead")
+    r = dash.post("/dead/requeue", [("csrf_token", token), ("queue", qname), ("id", s.dead[0]), ("id", s.dead[1])])
+    assert r.status == 303
+    r = dash.post("/dead/delete", [("csrf_token", token), ("queue", qname), ("id", s.dead[2]), ("id", s.dead[3])])
+    assert r.status == 303
+    q = store.queue(qname)
+    assert q.dead_jobs() == [] and q.stats().dead == 0
+    assert q.stats().ready == len(s.ready) + 2
+    assert all(store.get_job(i) is None for i in s.dead)
+
+
+def test_delete_single_from_every_queue_page(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    token = _token(dash, "/dead")
+    r = dash.post("/dead/delete", {"csrf_token": token, "id": s.dead[1]})  # no queue field
+    assert r.status == 303 and r.headers["location"] == "/dead"
+    assert store.get_job(s.dead[1]) is None and store.get_job(s.dead[0]) is not None
+
+
+def test_dead_actions_leave_other_jobs_alone(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    token = _token(dash)
+    # a live job's id, and a dead job named with the wrong queue: nothing happens
+    dash.post("/dead/delete", {"csrf_token": token, "id": s.ready[0]})
+    dash.post("/dead/requeue", {"csrf_token": token, "id": s.dead[0], "queue": qname + "-other"})
+    assert store.get_job(s.ready[0]) is not None
+    job = store.get_job(s.dead[0])
+    assert job is not None and job.state == "dead"
+    assert dash.post("/dead/delete", {"csrf_token": token, "id": "x"}).status == 400
+    assert dash.post("/dead/delete", {"csrf_token": token}).status == 400
+
+
+def test_cancel_pending_only(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    token = _token(dash, f"/jobs/{s.ready[0]}")
+    r = dash.post(f"/jobs/{s.ready[0]}/cancel", {"csrf_token": token, "next": f"/queues/{qname}"})
+    assert r.status == 303 and r.headers["location"] == f"/queues/{qname}"
+    assert store.get_job(s.ready[0]) is None
+    dash.post(f"/jobs/{s.processing[0]}/cancel", {"csrf_token": token})
+    job = store.get_job(s.processing[0])
+    assert job is not None and job.state == "processing"  # not a pending job: left alone
+
+
+def test_pause_and_resume(dash, store: alk.Store, qname: str) -> None:
+    seed(store, qname)
+    token = _token(dash)
+    assert dash.post(f"/queues/{qname}/pause", {"csrf_token": token}).status == 303
+    assert store.queue(qname).settings().paused is True
+    assert store.queue(qname).claim_one("w") is None
+    page = dash.get("/").text
+    assert f'action="/queues/{qname}/resume"' in page
+    assert dash.post(f"/queues/{qname}/resume", {"csrf_token": token}).status == 303
+    assert store.queue(qname).settings().paused is False
+
+
+def test_queue_names_with_slashes_and_unicode(dash, store: alk.Store, qname: str) -> None:
+    name = f"{qname}/pause"  # the action's own suffix inside a name
+    store.queue(name).enqueue(1)
+    token = _token(dash)
+    assert dash.post(f"/queues/{qname}%2Fpause/pause", {"csrf_token": token}).status == 303
+    assert store.queue(name).settings().paused is True
+    assert store.queue(qname).settings().paused is False
+    assert dash.get(f"/queues/{qname}%2Fpause").status == 200
+    wide = f"{qname}-ünï 漢字"
+    job_id = store.queue(wide).enqueue(1)
+    page = dash.get("/queues/" + quote(wide, safe=""))
+    assert page.status == 200 and f'data-job-id="{job_id}"' in page.text
+    assert dash.post("/queues/" + quote(wide, safe="") + "/pause", {"csrf_token": token}).status == 303
+    assert store.queue(wide).settings().paused is True
+
+
+def test_redirect_stays_inside_the_app(dash, store: alk.Store, qname: str) -> None:
+    seed(store, qname)
+    token = _token(dash)
+    for evil in ("https://evil.example/", "//evil.example/x", "/\\evil.example"):
+        r = dash.post(f"/queues/{qname}/pause", {"csrf_token": token, "next": evil})
+        assert r.status == 303 and r.headers["location"] == "/", evil
+    r = dash.post(f"/queues/{qname}/resume", {"csrf_token": token}, headers={"Referer": f"http://{HOST}/dead?queue=x"})
+    assert r.headers["location"] == "/dead?queue=x"
+
+
+REFUSED: list[tuple[str, dict[str, str], bool]] = [
+    ("no token", {}, False),
+    ("wrong token", {}, True),
+    ("cross-site fetch", {"Sec-Fetch-Site": "cross-site"}, True),
+    ("same-site fetch", {"Sec-Fetch-Site": "same-site"}, True),
+    ("foreign origin", {"Origin": "https://evil.example"}, True),
+    ("null origin", {"Origin": "null"}, True),
+]
+
+
+@pytest.mark.parametrize(("case", "headers", "with_token"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_refused_posts_change_nothing(
+    dash, store: alk.Store, qname: str, case: str, headers: dict[str, str], with_token: bool
+) -> None:
+    s = seed(store, qname)
+    token = _token(dash)
+    if case == "wrong token":
+        token = "0" * len(token)
+    before = _state(store, s)
+    posts = [
+        ("/dead/requeue", [("id", s.dead[0]), ("queue", qname)]),
+        ("/dead/delete", [("id", s.dead[1]), ("queue", qname)]),
+        (f"/jobs/{s.ready[0]}/cancel", []),
+        (f"/queues/{qname}/pause", []),
+    ]
+    for path, fields in posts:
+        data = ([("csrf_token", token)] if with_token else []) + fields
+        r = dash.post(path, data, headers=headers)
+        assert r.status == 403, (case, path)
+    assert _state(store, s) == before
+
+
+def test_token_without_its_cookie_is_refused(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    token = _token(dash)
+    fresh = WsgiBrowser(dash.client.application) if dash.kind == "wsgi" else None
+    if fresh is None:
+        from tests.dashboard.conftest import AsgiBrowser
+
+        fresh = AsgiBrowser(dash.client._transport.app)  # type: ignore[attr-defined]
+    try:
+        r = fresh.post(f"/queues/{qname}/pause", {"csrf_token": token})  # no cookie sent
+        assert r.status == 403
+    finally:
+        fresh.close()
+    assert store.queue(s.queue).settings().paused is False
+
+
+def test_same_origin_headers_are_accepted(dash, store: alk.Store, qname: str) -> None:
+    seed(store, qname)
+    token = _token(dash)
+    headers = {"Origin": f"http://{HOST}", "Sec-Fetch-Site": "same-origin"}
+    assert dash.post(f"/queues/{qname}/pause", {"csrf_token": token}, headers=headers).status == 303
+    assert store.queue(qname).settings().paused is True
+
+
+def test_csrf_cookie_attributes(dash) -> None:
+    cookie = dash.get("/").headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+
+
+def test_read_only_renders_no_actions_and_refuses_posts(readonly, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    before = _state(store, s)
+    for path in ("/", "/dead", f"/queues/{qname}?state=dead", f"/queues/{qname}", f"/jobs/{s.dead[0]}", f"/jobs/{s.ready[0]}"):
+        r = readonly.get(path)
+        assert r.status == 200
+        assert '<form method="post"' not in r.text and "<button" not in r.text.replace('<button type="submit">filter', ""), path
+        assert "csrf_token" not in r.text and "Set-Cookie" not in r.headers
+    for path, fields in [
+        ("/dead/requeue", {"id": s.dead[0], "queue": qname}), ("/dead/delete", {"id": s.dead[1]}),
+        (f"/jobs/{s.ready[0]}/cancel", {}), (f"/queues/{qname}/pause", {}), (f"/queues/{qname}/resume", {}),
+    ]:
+        assert readonly.post(path, fields).status == 403, path
+    assert _state(store, s) == before

@@ -1,0 +1,272 @@
+"""Every dashboard page renders the seeded data (numbers and ids), on both engines and
+through both adapters; pages are keyset-paged; hostile names and payloads are escaped."""
+
+from __future__ import annotations
+
+import html
+import threading
+from datetime import datetime, timezone
+
+import pytest
+
+import alkstore_sa as alk
+from tests.dashboard.conftest import make_browser
+from tests.dashboard.seed import counts_in, job_ids, next_link, row_of, seed
+from tests.support import FakeClock, wait_for
+
+NAV = ("nav-queues", "nav-dead", "nav-schedules", "nav-workers", "nav-streams")
+
+
+def test_queues_page_counts_settings_and_json(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    store.queue(qname).set_concurrency(7)
+    idle = qname + "-paused"
+    store.queue(idle).pause()  # settings but no jobs: listed too
+    r = dash.get("/")
+    assert r.status == 200
+    for ident in NAV:
+        assert f'id="{ident}"' in r.text
+    row = row_of(r.text, "data-queue", qname)
+    assert counts_in(row) == {"ready": 3, "scheduled": 2, "processing": 1, "dead": 2}
+    assert f'<a class="queue-link" href="/queues/{qname}">{qname}</a>' in row
+    assert "concurrency 7" in row and 'class="pause-btn"' in row
+    idle_row = row_of(r.text, "data-queue", idle)
+    assert counts_in(idle_row) == {"ready": 0, "scheduled": 0, "processing": 0, "dead": 0}
+    assert "paused" in idle_row and 'class="resume-btn"' in idle_row
+    counts = dash.get("/api/counts").json()["queues"]
+    assert counts[qname]["ready"] == 3 and counts[qname]["scheduled"] == 2
+    assert counts[qname]["processing"] == 1 and counts[qname]["dead"] == 2
+    assert counts[qname]["concurrency"] == 7 and counts[idle]["paused"] is True
+    assert len(s.ready) == 3
+
+
+def test_oldest_ready_age(dash, store: alk.Store, clock: FakeClock, qname: str) -> None:
+    store.queue(qname).enqueue("old")
+    clock.advance(125)
+    row = row_of(dash.get("/").text, "data-queue", qname)
+    assert "2m 05s" in row
+    assert dash.get("/api/counts").json()["queues"][qname]["oldest_ready_age"] == pytest.approx(125)
+
+
+@pytest.mark.parametrize("state", ["ready", "scheduled", "processing", "dead"])
+def test_queue_page_lists_jobs_by_state(dash, store: alk.Store, qname: str, state: str) -> None:
+    s = seed(store, qname)
+    r = dash.get(f"/queues/{qname}?state={state}")
+    assert r.status == 200
+    assert job_ids(r.text) == getattr(s, state)
+    for job_id in getattr(s, state):
+        assert f'<a class="job-link" href="/jobs/{job_id}">' in r.text
+    assert ('class="cancel-row-btn"' in r.text) == (state in ("ready", "scheduled"))
+    assert ('id="bulk-requeue-btn"' in r.text) == (state == "dead")
+    assert next_link(r.text) is None
+
+
+def test_queue_page_default_state_and_bad_state(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    assert job_ids(dash.get(f"/queues/{qname}").text) == s.ready
+    assert dash.get(f"/queues/{qname}?state=bogus").status == 400
+    assert dash.get(f"/queues/{qname}?after=x").status == 400
+
+
+def _ts(clock: FakeClock, offset: float = 0.0) -> str:
+    return datetime.fromtimestamp(clock.now + offset, timezone.utc).isoformat(timespec="seconds")
+
+
+def test_job_page_dead(dash, store: alk.Store, clock: FakeClock, qname: str) -> None:
+    q = store.queue(qname, max_attempts=5)
+    job_id = q.enqueue({"to": "a@example.com", "n": [1, 2]}, priority=3)
+    h = q.claim_one("w")
+    assert h is not None and h.retry("first failure", delay=0)
+    clock.advance(10)
+    h = q.claim_one("w")
+    assert h is not None and h.fail("gave up")
+    r = dash.get(f"/jobs/{job_id}")
+    assert r.status == 200
+    assert '<span id="job-state">dead</span>' in r.text
+    assert "2 / 5" in r.text  # attempts / max_attempts
+    assert html.escape('"to": "a@example.com"') in r.text  # pretty-printed payload
+    assert "first failure" in r.text and "gave up" in r.text
+    assert _ts(clock, -10) in r.text and _ts(clock) in r.text  # created / died, UTC ISO
+    assert 'id="requeue-btn"' in r.text and 'id="delete-btn"' in r.text
+    assert 'id="cancel-btn"' not in r.text
+
+
+def test_job_page_live(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname)
+    r = dash.get(f"/jobs/{s.ready[0]}")
+    assert '<span id="job-state">pending</span>' in r.text and 'id="cancel-btn"' in r.text
+    assert 'id="requeue-btn"' not in r.text
+    r = dash.get(f"/jobs/{s.processing[0]}")
+    assert '<span id="job-state">processing</span>' in r.text and "dash-worker" in r.text
+    assert 'id="cancel-btn"' not in r.text
+    assert dash.get("/jobs/999999999").status == 404
+    assert dash.get("/jobs/99999999999999999999999").status == 404
+
+
+def test_dead_page_every_queue_and_filter(dash, store: alk.Store, qname: str) -> None:
+    a = seed(store, qname + "-a", ready=0, scheduled=0, processing=0, dead=2)
+    b = seed(store, qname + "-b", ready=0, scheduled=0, processing=0, dead=1)
+    r = dash.get("/dead")
+    ids = job_ids(r.text)
+    mine = [i for i in ids if i in a.dead + b.dead]
+    assert mine == sorted(a.dead + b.dead, reverse=True)  # newest first
+    assert 'id="bulk-requeue-btn"' in r.text and 'id="bulk-delete-btn"' in r.text
+    r = dash.get(f"/dead?queue={qname}-a")
+    assert job_ids(r.text) == sorted(a.dead, reverse=True)
+
+
+def _walk(dash, first: str) -> list[int]:
+    seen: list[int] = []
+    link: str | None = first
+    pages = 0
+    while link is not None:
+        r = dash.get(link)
+        assert r.status == 200
+        seen += job_ids(r.text)
+        link = next_link(r.text)
+        pages += 1
+        assert pages < 10
+    return seen
+
+
+def test_keyset_paging_walks_every_page(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname, ready=120, scheduled=0, processing=0, dead=101)
+    ready = _walk(dash, f"/queues/{qname}?state=ready")
+    assert ready == s.ready  # 50 + 50 + 20, no duplicates, no misses, id order
+    dead = _walk(dash, f"/queues/{qname}?state=dead")
+    assert dead == s.dead
+    by_dead_page = _walk(dash, f"/dead?queue={qname}")
+    assert by_dead_page == sorted(s.dead, reverse=True)
+    first = dash.get(f"/queues/{qname}?state=ready")
+    assert len(job_ids(first.text)) == 50
+    link = next_link(first.text)
+    assert link is not None and link.startswith(f"/queues/{qname}?state=ready&") and link.endswith(f"&after={s.ready[49]}")
+
+
+def test_ready_and_scheduled_pages_walk_claim_order(dash, store: alk.Store, clock: FakeClock, qname: str) -> None:
+    """Mixed priorities and run_at ties across page boundaries: every job once, in the
+    order claims take them (priority DESC, run_at, id)."""
+    q = store.queue(qname)
+    ready_keys: list[tuple[int, float, int]] = []
+    later_keys: list[tuple[int, float, int]] = []
+    for round_ in range(3):
+        for priority in (5, 0, -3):
+            for job_id in q.enqueue_many([{"r": round_}] * 23, priority=priority):
+                ready_keys.append((-priority, clock.now, job_id))
+            for job_id in q.enqueue_many([{"later": round_}] * 7, priority=priority, delay=600 - round_):
+                later_keys.append((-priority, clock.now + 600 - round_, job_id))
+        clock.advance(1)
+    ready = [j for (_, _, j) in sorted(ready_keys)]
+    scheduled = [j for (_, _, j) in sorted(later_keys)]
+    assert len(ready) == 207 and len(scheduled) == 63
+    assert _walk(dash, f"/queues/{qname}?state=ready") == ready
+    assert _walk(dash, f"/queues/{qname}?state=scheduled") == scheduled
+    claimed = [h.id for h in q.claim_batch("w", 10)]
+    assert claimed == ready[:10]
+    # a hand-made ?after=ID resumes after that job's place in claim order
+    assert job_ids(dash.get(f"/queues/{qname}?state=ready&after={ready[60]}").text) == ready[61:111]
+
+
+def test_keyset_page_survives_rows_leaving(dash, store: alk.Store, qname: str) -> None:
+    s = seed(store, qname, ready=60, scheduled=0, processing=0, dead=0)
+    first = dash.get(f"/queues/{qname}?state=ready")
+    store.queue(qname).cancel(s.ready[10])  # a row of the page already shown goes away
+    rest = job_ids(dash.get(next_link(first.text) or "").text)
+    assert rest == s.ready[50:]
+
+
+def test_schedules_page(dash, store: alk.Store, qname: str) -> None:
+    store.schedule(qname + "-nightly", "0 3 * * *", qname, {"job": "report"}, tz="Europe/Paris")
+    r = dash.get("/schedules")
+    row = row_of(r.text, "data-schedule", qname + "-nightly")
+    (sched,) = [x for x in store.schedules() if x.name == qname + "-nightly"]
+    assert "0 3 * * *" in row and "Europe/Paris" in row and qname in row
+    assert sched.next_fire_at.isoformat(timespec="seconds") in row
+
+
+def test_streams_page(dash, store: alk.Store, qname: str) -> None:
+    st = store.stream(qname)
+    for i in range(5):
+        st.publish(i)
+    st.commit("billing", 2)
+    st.commit("audit", 5)
+    r = dash.get("/streams")
+    assert f'<section data-stream="{qname}">' in r.text
+    section = r.text.split(f'<section data-stream="{qname}">')[1].split("</section>")[0]
+    assert "<span class=\"num\" data-last-offset>5</span>" in section
+    assert '<td class="num" data-lag>3</td>' in row_of(section, "data-consumer", "billing")
+    assert '<td class="num" data-lag>0</td>' in row_of(section, "data-consumer", "audit")
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_workers_page(kind: str, dbstore: alk.Store, qname: str) -> None:
+    """A running worker (on the database's clock: its registry row is live in real time)."""
+    dash = make_browser(kind, dbstore)
+    stop = alk.StopToken()
+    worker = alk.Worker(dbstore, [qname, qname + "-b"], lambda job: None, concurrency=3, poll_interval=0.1)
+    t = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        (info,) = wait_for(lambda: [w for w in dbstore.workers() if qname in w.queues], "worker registered")
+        r = dash.get("/workers")
+        row = row_of(r.text, "data-worker", info.id)
+        assert f"<td>{info.pid}</td>" in row and f"<td>{info.hostname}</td>" in row
+        assert f"<td>{qname}, {qname}-b</td>" in row and "<td>3</td>" in row
+        assert info.started_at.isoformat(timespec="seconds") in row
+    finally:
+        stop.stop()
+        t.join(30)
+        dash.close()
+
+
+def test_hostile_names_and_payloads_are_escaped(dash, store: alk.Store, qname: str) -> None:
+    name = f'{qname}<script>alert("q")</script>&'
+    q = store.queue(name)
+    job_id = q.enqueue({"x": "</pre><script>alert(1)</script>", "<k>": "'\""})
+    h = q.claim_one("w<img src=x>")
+    assert h is not None and h.fail("<b>err</b>")
+    for path in ("/", "/dead", f"/jobs/{job_id}", "/queues/" + _quote(name) + "?state=dead"):
+        r = dash.get(path)
+        assert r.status == 200, path
+        assert "<script>alert" not in r.text and "<b>err" not in r.text and "<img" not in r.text, path
+    assert html.escape(name) in dash.get("/").text
+    assert f'href="/queues/{_quote(name)}"' in dash.get("/").text
+
+
+def _quote(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
+def test_unknown_paths_and_methods(dash) -> None:
+    assert dash.get("/nope").status == 404
+    assert dash.get("/static/../app.py").status == 404
+    assert dash.get("/dead/requeue").status == 405
+    assert dash.get("/static/dashboard.js").status == 200
+    css = dash.get("/static/dashboard.css")
+    assert css.status == 200 and css.headers["content-type"].startswith("text/css")
+
+
+def test_security_headers(dash) -> None:
+    r = dash.get("/")
+    assert r.headers["x-frame-options"] == "DENY"
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert "<script src=\"/static/dashboard.js\"" in r.text and "http" not in r.text.split("<body")[0]
+
+
+def test_extreme_priorities_are_listed(dash, store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    top = q.enqueue("top", priority=2**31 - 1)
+    bottom = q.enqueue("bottom", priority=-(2**31))
+    middle = q.enqueue_many(["m"] * 60)
+    assert _walk(dash, f"/queues/{qname}?state=ready") == [top, *middle, bottom]
+
+
+def test_invalid_queue_names_are_400(dash, store: alk.Store, qname: str) -> None:
+    store.queue(qname).enqueue(1)  # a queue row, so the page has a form (and a token)
+    assert dash.get("/queues/__alkstore_reserved").status == 400
+    assert dash.get("/queues/" + "x" * 201).status == 400
+    assert dash.get("/dead?queue=__alkstore_reserved").status == 400
+    token = dash.get("/").token()
+    assert dash.post("/queues/__alkstore_reserved/pause", {"csrf_token": token}).status == 400

@@ -1,0 +1,175 @@
+"""The worker registry (SPEC §15): a running Worker records itself and refreshes its row;
+``store.workers()`` lists the live ones; a worker that stops refreshing is gone after three
+refresh intervals and its row is deleted (not left to grow); a clean stop removes the row."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+import alkstore_sa as alk
+from alkstore_sa.worker.registry import Registration
+from tests.support import FakeClock, Target
+
+WORKER_SCRIPT = Path(__file__).with_name("registry_worker.py")
+
+
+def _rows(db: Target) -> int:
+    return int(db.scalar(f"SELECT count(*) FROM {db.table('alkstore_workers')}"))  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _empty_registry(db: Target) -> None:
+    """PostgreSQL's schema is shared by the module's tests: start each with no rows."""
+    db.execute(f"DELETE FROM {db.table('alkstore_workers')}")
+
+
+def _wait(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_running_worker_is_listed_with_its_fields_and_removed_when_it_stops(
+    db: Target, clock: FakeClock, qname: str
+) -> None:
+    store = db.store(clock=clock)
+    try:
+        worker = alk.Worker(store, [qname, qname + "-b"], lambda job: None, concurrency=3, worker_id="w-listed")
+        stop = alk.StopToken()
+        thread = threading.Thread(target=worker.run, args=(stop,))
+        thread.start()
+        try:
+            _wait(lambda: store.workers() != [])
+            (info,) = store.workers()
+            assert info == alk.WorkerInfo(
+                id="w-listed", hostname=socket.gethostname(), pid=os.getpid(), queues=(qname, qname + "-b"),
+                concurrency=3, started_at=datetime.fromtimestamp(clock.now, timezone.utc),
+                last_seen=datetime.fromtimestamp(clock.now, timezone.utc),
+            )
+        finally:
+            stop.stop()
+            thread.join(30)
+        assert not thread.is_alive()
+        assert store.workers() == [] and _rows(db) == 0
+    finally:
+        store.close()
+
+
+def test_refresh_moves_last_seen_and_keeps_started_at(db: Target, clock: FakeClock) -> None:
+    store = db.store(clock=clock)
+    try:
+        reg = Registration(store, "w-refresh", ["q"], 2, interval=10.0)
+        reg._refresh()
+        started = clock.now
+        clock.advance(25.0)  # within three intervals of the first write
+        (info,) = store.workers()
+        assert info.last_seen == datetime.fromtimestamp(started, timezone.utc)
+        reg._refresh()
+        (info,) = store.workers()
+        assert info.started_at == datetime.fromtimestamp(started, timezone.utc)
+        assert info.last_seen == datetime.fromtimestamp(started + 25.0, timezone.utc)
+    finally:
+        store.close()
+
+
+def test_a_worker_that_stops_refreshing_is_gone_after_three_intervals_and_its_row_deleted(
+    db: Target, clock: FakeClock
+) -> None:
+    store = db.store(clock=clock)
+    try:
+        silent = Registration(store, "w-silent", ["q"], 1, interval=5.0)
+        alive = Registration(store, "w-alive", ["q"], 1, interval=5.0)
+        silent._refresh()
+        alive._refresh()
+        clock.advance(14.9)
+        assert [w.id for w in store.workers()] == ["w-alive", "w-silent"]  # same start: by id
+        alive._refresh()
+        clock.advance(0.1)  # 15 s = three intervals since w-silent's last refresh
+        assert [w.id for w in store.workers()] == ["w-alive"]
+        assert _rows(db) == 2  # not listed, not yet deleted
+        alive._refresh()  # every refresh deletes lapsed rows
+        assert _rows(db) == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 30.5, float("nan"), "10"])
+def test_registry_interval_must_be_positive_and_at_most_30s(db: Target, bad: object) -> None:
+    store = db.store()
+    try:
+        with pytest.raises(alk.InvalidOptions, match="registry_interval"):
+            alk.Worker(store, "q", lambda job: None, registry_interval=bad)  # type: ignore[arg-type]
+        assert _rows(db) == 0
+    finally:
+        store.close()
+
+
+def test_two_worker_processes_appear_and_a_killed_one_disappears(db: Target, qname: str) -> None:
+    """Across processes, on the database's own clock: both register; after a SIGKILL the
+    killed one (which never removes its row) is still listed until three refresh intervals
+    pass, then gone, and the survivor's refresh deletes its row; SIGTERM removes the other."""
+    interval = 1.0
+    store = db.store()
+    procs = {
+        wid: subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), db.url, db.schema, qname, wid, str(interval)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for wid in ("reg-a", "reg-b")
+    }
+    try:
+        _wait(lambda: {w.id for w in store.workers()} == {"reg-a", "reg-b"}, timeout=60)
+        pids = {w.id: w.pid for w in store.workers()}
+        assert pids == {wid: p.pid for wid, p in procs.items()}
+        procs["reg-a"].send_signal(signal.SIGKILL)
+        procs["reg-a"].wait(30)
+        killed_at = time.monotonic()
+        _wait(lambda: {w.id for w in store.workers()} == {"reg-b"}, timeout=60)
+        # gone no earlier than its last refresh plus three intervals (at most one interval
+        # before the kill), and not left in the table: the survivor's refresh deletes it
+        assert time.monotonic() - killed_at >= 2 * interval - 0.25
+        _wait(lambda: _rows(db) == 1, timeout=30)
+        procs["reg-b"].send_signal(signal.SIGTERM)
+        assert procs["reg-b"].wait(60) == 0, procs["reg-b"].stderr.read() if procs["reg-b"].stderr else ""
+        assert store.workers() == [] and _rows(db) == 0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        store.close()
+
+
+def test_status_shows_the_live_workers(db: Target, capsys: pytest.CaptureFixture[str]) -> None:
+    from alkstore_sa.cli import main as alkstore_main
+
+    store = db.store()
+    try:
+        Registration(store, "w-status", ["emails", "reports"], 4, interval=10.0)._refresh()
+        db_args = ["--url", db.url, "--schema", db.schema]
+        assert alkstore_main(["status", *db_args]) == 0
+        _queues, workers = capsys.readouterr().out.split("\n\n")
+        header, row = workers.strip().splitlines()
+        assert header.split() == ["worker", "hostname", "pid", "queues", "concurrency", "started_at", "last_seen"]
+        assert row.split()[:5] == ["w-status", socket.gethostname(), str(os.getpid()), "emails,reports", "4"]
+        assert alkstore_main(["status", "--workers", "--json", *db_args]) == 0
+        (listed,) = json.loads(capsys.readouterr().out)
+        assert listed["id"] == "w-status" and listed["queues"] == ["emails", "reports"] and listed["concurrency"] == 4
+        assert datetime.fromisoformat(listed["last_seen"]) == store.workers()[0].last_seen
+        db.execute(f"DELETE FROM {db.table('alkstore_workers')}")
+        assert alkstore_main(["status", "--workers", *db_args]) == 0
+        assert capsys.readouterr().out.strip().splitlines()[-1] == "(no workers)"
+    finally:
+        store.close()

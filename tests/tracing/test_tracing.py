@@ -1,0 +1,429 @@
+"""OpenTelemetry tracing (SPEC §15): PRODUCER spans ``send QUEUE`` on every enqueue path,
+the trace context stored in the job row (and kept through dead storage and requeue),
+CONSUMER spans ``process QUEUE`` per execution carrying a link to the producer, across
+processes; and nothing at all while tracing is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+from alkstore_sa import tracing
+from alkstore_sa.scheduler import Scheduler
+from tests.support import PG_URL, FakeClock, Target
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def ids_of(span: ReadableSpan) -> tuple[str, str]:
+    ctx = span.get_span_context()
+    assert ctx is not None
+    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+
+
+def stored(job: alk.Job | None) -> tuple[str, str]:
+    """(trace id, span id) of the traceparent a job carries."""
+    assert job is not None and job.trace_context is not None
+    _, trace_id, span_id, _ = json.loads(job.trace_context)["traceparent"].split("-")
+    return trace_id, span_id
+
+
+def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def by_message(spans: list[ReadableSpan]) -> dict[str, ReadableSpan]:
+    return {str((s.attributes or {})["messaging.message.id"]): s for s in spans}
+
+
+def assert_producer(span: ReadableSpan, queue: str, job_id: int) -> None:
+    assert span.name == f"send {queue}" and span.kind is SpanKind.PRODUCER
+    assert dict(span.attributes or {}) == {
+        "messaging.system": "alkstore",
+        "messaging.destination.name": queue,
+        "messaging.message.id": str(job_id),
+        "messaging.operation.type": "send",
+    }
+
+
+def linked_to(span: ReadableSpan) -> list[tuple[str, str]]:
+    return [(f"{lk.context.trace_id:032x}", f"{lk.context.span_id:016x}") for lk in span.links]
+
+
+def run_burst(store: alk.Store, queue: str, handler: Any) -> None:
+    alk.Worker(store, queue, handler, poll_interval=0.1).run(burst=True)
+
+
+# -- producer side -------------------------------------------------------------------------
+
+
+def test_enqueue_makes_a_producer_span_and_stores_its_context(
+    spans: InMemorySpanExporter, store: alk.Store, qname: str
+) -> None:
+    job_id = store.queue(qname).enqueue({"x": 1})
+    (span,) = spans.get_finished_spans()
+    assert_producer(span, qname, job_id)
+    assert stored(store.get_job(job_id)) == ids_of(span)
+
+
+def test_enqueue_many_makes_one_span_per_job(spans: InMemorySpanExporter, store: alk.Store, qname: str) -> None:
+    ids = store.queue(qname).enqueue_many(["a", "b", "c"])
+    sent = by_message(named(spans, f"send {qname}"))
+    assert sorted(sent) == sorted(str(i) for i in ids)
+    for job_id in ids:
+        assert_producer(sent[str(job_id)], qname, job_id)
+        assert stored(store.get_job(job_id)) == ids_of(sent[str(job_id)])
+    assert len({ids_of(s)[1] for s in sent.values()}) == 3
+
+
+def test_enqueue_nests_under_the_current_span(
+    spans: InMemorySpanExporter, db: Target, store: alk.Store, qname: str
+) -> None:
+    """The caller's-transaction forms, Task.enqueue (both targets) and the outbox: each job
+    gets a span that is a child of the span current at the call."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname)
+    def work(n: int) -> None: ...
+
+    with trace.get_tracer("tests").start_as_current_span("request") as request:
+        with Session(db.engine) as session, session.begin():
+            ids = [alk.enqueue(session, qname, 1)]
+            ids += alk.enqueue_many(session, store.queue(qname), [2, 3])
+            ids.append(work.enqueue(session, 4))
+            outbox_id = alk.outbox_enqueue(session, "billing", {"n": 5})
+        ids.append(work.enqueue(store, 6))
+        ids.append(store.queue(qname).enqueue(7, unique_key="k"))
+    parent = request.get_span_context().span_id
+    sent = by_message(named(spans, f"send {qname}"))
+    assert sorted(sent) == sorted(str(i) for i in ids)
+    for job_id in ids:
+        span = sent[str(job_id)]
+        assert span.parent is not None and span.parent.span_id == parent
+        assert stored(store.get_job(job_id)) == ids_of(span)
+    (outbox_span,) = [s for s in spans.get_finished_spans() if s.name.startswith("send ") and "billing" in s.name]
+    assert stored(store.get_job(outbox_id)) == ids_of(outbox_span)
+
+
+def test_a_held_unique_key_writes_nothing(spans: InMemorySpanExporter, store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    first = q.enqueue("a", unique_key="k")
+    assert q.enqueue("b", unique_key="k") == first
+    holder = store.get_job(first)
+    first_span = by_message(named(spans, f"send {qname}"))
+    assert stored(holder) == ids_of(spans.get_finished_spans()[0])
+    assert list(first_span) == [str(first)]  # the second span names the holder it found
+    assert q.stats().pending == 1
+
+
+def test_async_enqueue_nests_under_the_callers_span(spans: InMemorySpanExporter, db: Target, qname: str) -> None:
+    url = (
+        sa.make_url(db.url).set(drivername="sqlite+aiosqlite")
+        if db.kind == "sqlite"
+        else sa.make_url(PG_URL).set(drivername="postgresql+asyncpg")
+    )
+    store = db.store()
+
+    async def scenario() -> list[int]:
+        engine = create_async_engine(url)
+        store.register(engine)
+        try:
+            with trace.get_tracer("tests").start_as_current_span("handler"):
+                async with AsyncSession(engine) as session, session.begin():
+                    return [await alk.aenqueue(session, qname, 1), *await alk.aenqueue_many(session, qname, [2])]
+        finally:
+            await engine.dispose()
+
+    try:
+        ids = asyncio.run(scenario())
+        (outer,) = named(spans, "handler")
+        sent = by_message(named(spans, f"send {qname}"))
+        for job_id in ids:
+            assert sent[str(job_id)].parent is not None
+            assert sent[str(job_id)].parent.span_id == outer.get_span_context().span_id
+            assert stored(store.get_job(job_id)) == ids_of(sent[str(job_id)])
+    finally:
+        store.close()
+
+
+def test_rolled_back_enqueue_leaves_no_job(spans: InMemorySpanExporter, db: Target, store: alk.Store, qname: str) -> None:
+    with Session(db.engine) as session:
+        job_id = alk.enqueue(session, qname, "never")
+        session.rollback()
+    assert store.get_job(job_id) is None
+    assert [s.name for s in spans.get_finished_spans()] == [f"send {qname}"]  # made, harmless
+
+
+def test_a_failed_enqueue_records_the_error(spans: InMemorySpanExporter, sqlite_db: Target) -> None:
+    sqlite_db.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON alkstore_jobs BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    store = sqlite_db.store()
+    try:
+        with pytest.raises(alk.DatabaseError):
+            store.queue("q").enqueue(1)
+        with pytest.raises(alk.DatabaseError):
+            store.queue("q").enqueue_many([1, 2])
+    finally:
+        store.close()
+    failed = named(spans, "send q")
+    assert len(failed) == 3
+    for span in failed:
+        assert span.status.status_code is StatusCode.ERROR and "refused" in (span.status.description or "")
+        assert [e.name for e in span.events] == ["exception"]
+        assert "messaging.message.id" not in (span.attributes or {})
+
+
+def test_schedule_fires_are_traced_as_new_traces(
+    spans: InMemorySpanExporter, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """A fire has no caller: its span starts a trace, and the jobs link to it."""
+    store.schedule("tick", "@every 10s", qname, {"n": 1})
+    sch = Scheduler(store)
+    sch.tick()
+    clock.advance(20)
+    assert sch.tick() == 2
+    sent = named(spans, f"send {qname}")
+    assert len(sent) == 2 and all(s.parent is None for s in sent)
+    for job_id, span in by_message(sent).items():
+        assert stored(store.get_job(int(job_id))) == ids_of(span)
+
+
+# -- tracing off ---------------------------------------------------------------------------
+
+
+def test_off_stores_nothing_and_makes_no_span(untraced: InMemorySpanExporter, store: alk.Store, qname: str) -> None:
+    q = store.queue(qname, backoff_base=0)
+    ids = [q.enqueue(1), *q.enqueue_many([2, 3]), q.enqueue(4, unique_key="k")]
+    run_burst(store, qname, lambda job: None)
+    assert untraced.get_finished_spans() == ()
+    assert q.stats().pending == 0
+    assert all(j is None or j.trace_context is None for j in map(store.get_job, ids))
+    assert not any(key.endswith(":traced") for key in store.backend._sql)
+
+
+def test_off_stores_null_in_the_row(untraced: InMemorySpanExporter, db: Target, store: alk.Store, qname: str) -> None:
+    job_id = store.queue(qname).enqueue(1)
+    assert db.scalar(f"SELECT trace_context FROM {db.table('alkstore_jobs')} WHERE id = :i", i=job_id) is None
+
+
+def test_importing_and_running_untraced_never_imports_opentelemetry(db: Target, qname: str) -> None:
+    code = (
+        "import sys, sqlalchemy as sa, alkstore_sa as alk\n"
+        f"store = alk.Store(sa.create_engine({db.url!r}), schema={db.schema!r})\n"
+        f"q = store.queue({qname!r}); q.enqueue(1); q.enqueue_many([2])\n"
+        f"alk.Worker(store, {qname!r}, lambda job: None, poll_interval=0.1).run(burst=True)\n"
+        "assert q.stats().pending == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_without_opentelemetry_the_import_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "try:\n    import alkstore_sa.tracing\n"
+        "except ImportError as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("MissingExtra ") and "alkstore-sa[tracing]" in out.stdout, out.stdout
+
+
+def test_instrument_is_idempotent(spans: InMemorySpanExporter, store: alk.Store, qname: str) -> None:
+    tracing.instrument()
+    tracing.instrument()
+    store.queue(qname).enqueue(1)
+    assert len(spans.get_finished_spans()) == 1
+    tracing.uninstrument()
+    assert not tracing.is_instrumented()
+    store.queue(qname).enqueue(2)
+    assert len(spans.get_finished_spans()) == 1
+
+
+# -- consumer side -------------------------------------------------------------------------
+
+
+def test_worker_span_links_to_the_producer_and_retries_link_again(
+    spans: InMemorySpanExporter, store: alk.Store, qname: str
+) -> None:
+    q = store.queue(qname, backoff_base=0, max_attempts=3)
+    ok, flaky = q.enqueue("ok"), q.enqueue("flaky")
+    sent = by_message(named(spans, f"send {qname}"))
+
+    def handler(job: alk.Job) -> None:
+        with trace.get_tracer("tests").start_as_current_span("inside"):
+            if job.payload == "flaky" and job.attempts == 1:
+                raise RuntimeError("first try fails")
+
+    run_burst(store, qname, handler)
+    processed = named(spans, f"process {qname}")
+    assert len(processed) == 3
+    runs: dict[str, list[ReadableSpan]] = {}
+    for span in processed:
+        runs.setdefault(str((span.attributes or {})["messaging.message.id"]), []).append(span)
+    for job_id, executions in runs.items():
+        producer = ids_of(sent[job_id])
+        for span in executions:
+            attrs = dict(span.attributes or {})
+            assert span.kind is SpanKind.CONSUMER
+            assert attrs["messaging.system"] == "alkstore"
+            assert attrs["messaging.destination.name"] == qname
+            assert linked_to(span) == [producer]
+            assert span.parent is None and ids_of(span)[0] != producer[0]  # a trace of its own
+    (done,) = runs[str(ok)]
+    assert done.attributes["alkstore.attempt"] == 1 and done.attributes["alkstore.outcome"] == "acked"
+    assert done.status.status_code is StatusCode.UNSET
+    first, second = sorted(runs[str(flaky)], key=lambda s: s.attributes["alkstore.attempt"])
+    assert (first.attributes["alkstore.attempt"], first.attributes["alkstore.outcome"]) == (1, "retried")
+    assert first.status.status_code is StatusCode.ERROR and first.status.description == "first try fails"
+    assert any(e.name == "exception" for e in first.events)
+    assert (second.attributes["alkstore.attempt"], second.attributes["alkstore.outcome"]) == (2, "acked")
+    # the handler's own spans nest under the execution's span
+    inside = named(spans, "inside")
+    assert sorted(s.parent.span_id for s in inside if s.parent) == sorted(s.get_span_context().span_id for s in processed)
+
+
+def test_async_task_runs_inside_its_span(spans: InMemorySpanExporter, store: alk.Store, qname: str) -> None:
+    tasks = alk.Tasks()
+    seen: list[int] = []
+
+    @tasks.task(queue=qname)
+    async def work(n: int) -> None:
+        await asyncio.sleep(0)
+        with trace.get_tracer("tests").start_as_current_span("async inside"):
+            seen.append(n)
+
+    job_id = work.enqueue(store, 1)
+    alk.Worker(store, tasks, poll_interval=0.1).run(burst=True)
+    assert seen == [1]
+    (span,) = named(spans, f"process {qname}")
+    assert span.attributes["alkstore.task"] == work.name and span.attributes["messaging.message.id"] == str(job_id)
+    assert linked_to(span) == [ids_of(by_message(named(spans, f"send {qname}"))[str(job_id)])]
+    (inside,) = named(spans, "async inside")
+    assert inside.parent is not None and inside.parent.span_id == span.get_span_context().span_id
+
+
+def test_dead_job_keeps_its_context_and_a_requeue_links_to_the_original(
+    spans: InMemorySpanExporter, store: alk.Store, qname: str
+) -> None:
+    q = store.queue(qname, max_attempts=1)
+    job_id = q.enqueue("doomed")
+    (producer,) = named(spans, f"send {qname}")
+
+    def fail(job: alk.Job) -> None:
+        raise alk.Fail("no")
+
+    run_burst(store, qname, fail)
+    dead = store.get_job(job_id)
+    assert dead is not None and dead.state == "dead" and stored(dead) == ids_of(producer)
+    (died,) = named(spans, f"process {qname}")
+    assert died.attributes["alkstore.outcome"] == "dead" and died.status.status_code is StatusCode.ERROR
+    spans.clear()
+    again = q.requeue_dead(job_id)
+    assert again is not None and stored(store.get_job(again)) == ids_of(producer)
+    assert spans.get_finished_spans() == ()  # a requeue makes no span of its own
+    run_burst(store, qname, lambda job: None)
+    (rerun,) = named(spans, f"process {qname}")
+    assert linked_to(rerun) == [ids_of(producer)] and rerun.attributes["alkstore.outcome"] == "acked"
+
+
+def test_reclaim_exhaustion_and_expiry_keep_the_context_in_dead_storage(
+    spans: InMemorySpanExporter, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """A claim that buries a lapsed job at its attempt budget, and the expiry sweep, copy
+    the context too."""
+    q = store.queue(qname, max_attempts=1, visibility_timeout=5)
+    job_id = q.enqueue("lapses")
+    (producer,) = named(spans, f"send {qname}")
+    assert q.claim_one("w") is not None
+    clock.advance(10)
+    assert q.claim_one("w") is None  # buries it
+    dead = store.get_job(job_id)
+    assert dead is not None and dead.state == "dead" and stored(dead) == ids_of(producer)
+    expiring = q.enqueue("expires", expires=5)
+    clock.advance(6)
+    assert q.sweep_expired().expired == 1
+    swept = store.get_job(expiring)
+    assert swept is not None and swept.state == "dead" and swept.trace_context is not None
+    assert stored(swept) == ids_of(by_message(named(spans, f"send {qname}"))[str(expiring)])
+
+
+def test_process_span_for_your_own_claims(spans: InMemorySpanExporter, store: alk.Store, qname: str) -> None:
+    q = store.queue(qname)
+    job_id = q.enqueue(1)
+    h = q.claim_one("w")
+    assert h is not None
+    with pytest.raises(RuntimeError), tracing.process_span(h):
+        raise RuntimeError("handler broke")
+    (span,) = named(spans, f"process {qname}")
+    assert span.kind is SpanKind.CONSUMER and span.status.status_code is StatusCode.ERROR
+    assert span.attributes["messaging.message.id"] == str(job_id) and span.attributes["alkstore.attempt"] == 1
+    assert linked_to(span) == [ids_of(named(spans, f"send {qname}")[0])]
+
+
+def test_untraced_jobs_get_spans_without_links(
+    provider: Any, spans: InMemorySpanExporter, store: alk.Store, qname: str
+) -> None:
+    tracing.uninstrument()
+    job_id = store.queue(qname).enqueue(1)  # enqueued before tracing was on
+    tracing.instrument()
+    run_burst(store, qname, lambda job: None)
+    (span,) = named(spans, f"process {qname}")
+    assert span.links == () and span.attributes["messaging.message.id"] == str(job_id)
+
+
+# -- across processes ----------------------------------------------------------------------
+
+
+def test_a_worker_in_another_process_links_to_this_process_producer(
+    spans: InMemorySpanExporter, db: Target, dbstore: alk.Store, qname: str, tmp_path: Path
+) -> None:
+    """The trace context travels in the row: a Worker in a subprocess, with its own
+    provider and exporter, links each execution to the producer span made here."""
+    q = dbstore.queue(qname, backoff_base=0, max_attempts=3)
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        ok, flaky = q.enqueue("ok"), q.enqueue("flaky")
+    sent = by_message(named(spans, f"send {qname}"))
+    out = tmp_path / "spans.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.tracing.traced_worker", db.url, db.schema, qname, str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    remote = [s for s in json.loads(out.read_text()) if s["name"] == f"process {qname}"]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for s in remote:
+        runs.setdefault(s["attributes"]["messaging.message.id"], []).append(s)
+    assert sorted(runs) == sorted([str(ok), str(flaky)])
+    assert [len(runs[str(ok)]), len(runs[str(flaky)])] == [1, 2]
+    for job_id, executions in runs.items():
+        trace_id, span_id = ids_of(sent[job_id])
+        for s in executions:
+            assert s["kind"] == "CONSUMER" and s["parent"] is None and s["trace_id"] != trace_id
+            assert s["links"] == [{"trace_id": trace_id, "span_id": span_id}]
+            assert s["attributes"]["messaging.system"] == "alkstore"
+            assert s["attributes"]["messaging.destination.name"] == qname
+    attempts = sorted((s["attributes"]["alkstore.attempt"], s["attributes"]["alkstore.outcome"], s["status"]) for s in runs[str(flaky)])
+    assert attempts == [(1, "retried", "ERROR"), (2, "acked", "UNSET")]
+    assert q.stats().pending == 0
