@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
 from . import _validate as v
 from ._backoff import backoff_delay
-from ._rows import FIELD, NO_PAYLOAD, claim_order_key, job_from_row
+from ._rows import FIELD, NO_PAYLOAD, job_from_row, sort_claim_order
 from .errors import HandleConsumed, InvalidOptions
 from .model import Job, QueueSettings, QueueStats, SweepResult
 from .schema import JOB_FIELDS
+
+_PAYLOAD = FIELD["payload"]  # the claim row's payload column (read once per job)
 
 if TYPE_CHECKING:
     from .store import Store, _DefaultStore
@@ -171,7 +173,7 @@ class Queue:
         # A queue with settings (paused, limits) hands out at most what they leave room for.
         with self.store.executor(retry=True) as ex:
             rows = _limits.claim_rows(self, ex, params)
-        rows.sort(key=claim_order_key)
+        sort_claim_order(rows)
         return [JobHandle(self, r) for r in rows]
 
     # -- settings (SPEC §14: stored in the database, shared by every process) --------------
@@ -214,13 +216,22 @@ class Queue:
         if isinstance(ids, (str, bytes)):
             raise InvalidOptions("ids must be an iterable of ints or JobHandles")
         items = list(ids)
-        handles = [h for h in items if isinstance(h, JobHandle)]
-        plain = [v.job_id(i) for i in items if not isinstance(i, JobHandle)]
+        if set(map(type, items)) <= {int}:
+            # the common call (plain ids, as claim_batch + ack_batch makes it): checked in
+            # C-speed passes, not one call per id
+            handles: list[JobHandle] = []
+            plain = cast("list[int]", items)
+        else:
+            handles = [h for h in items if isinstance(h, JobHandle)]
+            plain = [v.job_id(i) for i in items if not isinstance(i, JobHandle)]
         if any(h.consumed for h in handles):
             raise HandleConsumed()
         for h in handles:
             h._consume()
-        wanted = sorted({i for i in plain if v.in_int64(i)})
+        unique = set(plain)
+        if unique and not (v.in_int64(min(unique)) and v.in_int64(max(unique))):
+            unique = {i for i in unique if v.in_int64(i)}
+        wanted = sorted(unique)
         claims = dict(sorted((h.id, h._attempts) for h in handles))
         landed = 0
         # Retried once after a disconnect (see JobHandle): a repeat deletes nothing more.
@@ -380,7 +391,7 @@ class JobHandle:
         if self._job is not None:
             return self._job.payload
         if self._payload is NO_PAYLOAD:
-            self._payload = v.decode_payload(self._row[FIELD["payload"]])
+            self._payload = v.decode_payload(self._row[_PAYLOAD])
         return self._payload
 
     @property

@@ -13,7 +13,10 @@ pending acks are written once
 
 A batch that an ``add`` on a runner thread makes due is written by that thread, with no
 hand-off; the acker's own writer thread writes the ones that come due by time, or from the
-event loop (which must never block on the database). One batch is written at a time. The
+event loop (which must never block on the database). The writer is woken only for an ack
+due before it would wake by itself, or a batch due now from the event loop: a runner thread
+that writes every batch costs it no wake-up (a thread wake per batch, on two shared cores,
+costs more than the batch's Python work). One batch is written at a time. The
 writer then records each job's outcome as it landed (``finish``: counts, metrics, logs, the
 heartbeat roster) and frees the batch's slots together (``release``), so the claimer's next
 claim is one statement for all of them. Until its ack is written a job stays on the
@@ -78,6 +81,10 @@ class Acker:
         self._cond = threading.Condition(threading.Lock())
         self._pending: list[_Pending] = []
         self._writing = False  # a batch is being written (by the writer or a runner thread)
+        # when the writer wakes by itself (time.monotonic()): an add due before then wakes it,
+        # one due later does not (it wakes in time anyway); -inf while a batch is written, as
+        # whoever writes it tells the writer about what is pending once done
+        self._wakes_at = float("inf")
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -107,13 +114,16 @@ class Acker:
         with self._cond:
             if self._stopping or self._thread is None:
                 return False
-            self._pending.append(_Pending(w, now + min(self.max_delay, w.job.visibility_timeout / 10)))
-            if self._due_in(now) <= 0 and not self._writing and asyncio._get_running_loop() is None:
+            due = now + min(self.max_delay, w.job.visibility_timeout / 10)
+            self._pending.append(_Pending(w, due))
+            due_now = self._due_in(now) <= 0
+            if due_now and not self._writing and asyncio._get_running_loop() is None:
                 batch = self._take()  # due now, on a runner thread: written here, no hand-off
-            elif len(self._pending) == 1 or self._due_in(now) <= 0:
-                # the writer sleeps until the oldest one's due time: tell it about the
-                # first, and about a batch that is due now (from the event loop, which
-                # must not block on the database)
+            elif (due_now and not self._writing) or due < self._wakes_at:
+                # the writer sleeps until the oldest one's due time: tell it about one due
+                # before it wakes, and about a batch that is due now (from the event loop,
+                # which must not block on the database); a batch being written is followed
+                # by a look at what is pending (_write_taken)
                 self._cond.notify()
         if batch is not None:
             self._write_taken(batch)
@@ -134,7 +144,19 @@ class Acker:
         finally:
             with self._cond:
                 self._writing = False
-                self._cond.notify()  # the writer looks at what came meanwhile
+                if self._stopping or (self._pending and self._writer_needed()):
+                    self._cond.notify()  # the writer looks at what came meanwhile
+                elif not self._pending and self._wakes_at == float("-inf"):
+                    self._wakes_at = float("inf")  # it waits for this write: the next add wakes it
+
+    def _writer_needed(self) -> bool:
+        """(Lock held, something pending, no batch being written.) Whether the writer must
+        be woken for the pending acks: it waits for the write just done, or sleeps past
+        their due time."""
+        if self._wakes_at == float("-inf"):
+            return True
+        now = time.monotonic()
+        return self._due_in(now) <= 0 or min(p.due for p in self._pending) < self._wakes_at
 
     def _due_in(self, now: float) -> float:
         """(Lock held, something pending.) Seconds until the pending acks must be written."""
@@ -148,16 +170,19 @@ class Acker:
             with self._cond:
                 while True:
                     if self._writing:  # a runner thread writes a batch: one write at a time
-                        wait = None
+                        wait, self._wakes_at = None, float("-inf")  # it notifies when done
                     elif self._pending:
-                        wait = self._due_in(time.monotonic())
+                        now = time.monotonic()
+                        wait = self._due_in(now)
                         if wait <= 0:
                             batch = self._take()
+                            self._wakes_at = float("-inf")  # looks again after writing it
                             break
+                        self._wakes_at = now + wait
                     elif self._stopping:
                         return
                     else:
-                        wait = None
+                        wait, self._wakes_at = None, float("inf")
                     self._cond.wait(wait)
             self._write_taken(batch)
 

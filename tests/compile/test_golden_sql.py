@@ -535,7 +535,12 @@ def test_sqlite_claim_is_update_returning_without_for_update(sqlite_compiled: Co
     assert f"SELECT max({jobs}.priority) AS p FROM {jobs} WHERE {jobs}.queue = :queue AND {jobs}.state = 'pending'" in walk
     assert walk.endswith("WHERE pr.p IS NOT NULL AND pr.d < 32)"), walk[-80:]
     assert update.startswith(f"UPDATE {jobs} SET state='processing', attempts=({jobs}.attempts + 1)")
-    assert re.search(r" RETURNING id, .*\bstate$", claim), claim[-200:]
+    # only what the call does not already hold (queue, worker, clock, deadline, state are
+    # filled in by SQLiteBackend._claim_steps)
+    assert re.search(r" RETURNING id, payload, .*\btrace_context$", claim), claim[-200:]
+    returned = claim.rsplit(" RETURNING ", 1)[1]
+    for known in ("queue", "state", "worker_id", "claimed_at", "claim_expires_at"):
+        assert not re.search(rf"\b{known}\b", returned), known
     assert f"WHERE {jobs}.id IN (SELECT " in claim
     assert claim.count("LIMIT :n") == 4  # the walked levels, the scan below them, reclaims, the pick
     assert f"{jobs}.priority IN (SELECT pr.p FROM pr)" in claim

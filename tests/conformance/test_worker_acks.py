@@ -229,3 +229,64 @@ def _live(db: Target, queue: str) -> list[int]:
     with db.engine.connect() as c:
         rows = c.execute(sa.text(f"SELECT id FROM {db.table('alkstore_jobs')} WHERE queue = :q ORDER BY id"), {"q": queue})
         return [r[0] for r in rows]
+
+
+def test_an_ack_waiting_for_a_running_job_is_written_by_time_after_a_batch_went_out(
+    db: Target, qname: str, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
+) -> None:
+    """The ack writer only wakes for an ack due before it would wake anyway: after a batch a
+    runner thread wrote (slowly, so the writer waited on that write), a later lone ack —
+    its job's slot-mate still running — is still written by time, not when that job ends."""
+    monkeypatch.setattr(acker, "MAX_DELAY", 0.05)
+    store = db.store()
+    backend = store.backend
+    ack_claims = backend.ack_claims
+
+    def slow_first_write(ex: Any, params: Any) -> list[tuple[int, int]]:
+        if not statements.batches:  # the writer wakes (MAX_DELAY) while this one is written
+            threading.Event().wait(0.5)
+        return ack_claims(ex, params)
+
+    monkeypatch.setattr(backend, "ack_claims", slow_first_write)
+    statements = Statements(store, monkeypatch)  # counts around the slowed write
+    tasks = alk.Tasks()
+    gate, slow_started = threading.Event(), threading.Event()
+
+    @tasks.task(queue=qname, name="quick")
+    def quick(i: int) -> None:
+        pass
+
+    @tasks.task(queue=qname, name="slow")
+    def slow() -> None:
+        slow_started.set()
+        gate.wait(2 * WAIT)
+
+    first = [quick.enqueue(store, i) for i in range(2)]
+    stop = alk.StopToken()
+    worker = alk.Worker(store, tasks, concurrency=2)
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _until(lambda: outcomes.landed[observe.ACKED] == 2)
+        assert [sorted(asked) for asked, _ in statements.batches] == [sorted((i, 1) for i in first)]
+        slow_id = slow.enqueue(store)
+        assert slow_started.wait(WAIT)
+        lone = quick.enqueue(store, 2)
+        _until(lambda: outcomes.landed[observe.ACKED] == 3)  # while the slow job still runs
+        assert not gate.is_set() and _live(db, qname) == [slow_id]
+        assert statements.batches[-1][0] == [(lone, 1)]
+    finally:
+        gate.set()
+        stop.stop()
+        thread.join(WAIT)
+        store.close()
+    assert not thread.is_alive()
+
+
+def _until(done: Any) -> None:
+    deadline = threading.Event()
+    for _ in range(int(WAIT / 0.01)):
+        if done():
+            return
+        deadline.wait(0.01)
+    raise AssertionError("not done in time")
