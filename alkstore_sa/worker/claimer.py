@@ -106,6 +106,10 @@ class _Source:
         # its concurrency limit (SPEC §14) was full at its last claim: one of our own jobs of
         # it finishing makes room, so that wakes it (others' acks are seen at the re-poll)
         self.capped = False
+        # how many of our own jobs of it finished so far: one that finished while a claim
+        # was deciding ``capped`` (after the limit was read, before the flag was set) is
+        # seen by comparing this count, so its room is never missed
+        self.finishes = 0
 
     def ready(self, now: float) -> bool:
         return now >= self.not_before and (self.woken or now >= self.due)
@@ -159,8 +163,10 @@ class Claimer:
         queue's concurrency limit held its claims back, there may be room now. The slot
         freed right after this nudges the loop."""
         source = self._by_name.get(queue)
-        if source is not None and source.capped:
-            source.woken = True
+        if source is not None:
+            source.finishes += 1
+            if source.capped:
+                source.woken = True
 
     def run(self, stop: StopToken, burst: bool) -> None:
         """Until ``stop`` (or, with ``burst``, until nothing is claimable and nothing runs)."""
@@ -220,6 +226,7 @@ class Claimer:
             if want <= 0:
                 break
             s.woken = False  # cleared before the claim: a wake that comes during it is kept
+            finishes = s.finishes
             try:
                 handles = s.queue.claim_batch(self.worker_id, want)
             except AlkstoreError as exc:
@@ -236,6 +243,8 @@ class Claimer:
                 s.woken = True  # a full batch: there may be more
             else:
                 s.due = time.monotonic() + self._idle_wait(s)
+                if s.capped and s.finishes != finishes:
+                    s.woken = True  # one of ours finished while the limit was being read
                 if clean:
                     self._drained.add(s)
                 else:
