@@ -375,3 +375,46 @@ def test_a_concurrency_limited_worker_claims_again_when_its_own_job_finishes(dbs
     with _worker(dbstore, qname, lambda job: done.append(job.payload), concurrency=4, poll_interval=NO_POLL):
         wait_for(lambda: len(done) == 5, "the queue to drain one job at a time")
     assert sorted(done) == [0, 1, 2, 3, 4]
+
+
+def test_own_job_finishing_while_the_claim_reads_the_limit_still_wakes_the_queue(
+    dbstore: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window between the claim's read of the limit (full: our job still runs) and its
+    note that the queue is capped: our job finishing right then (its ack written, the
+    claimer told) must still wake the queue, not leave it to the hour-long re-poll. The
+    interleaving is forced: the job finishes after the read, before the read returns."""
+    from alkstore_sa.worker import claimer as claimer_mod
+
+    q = dbstore.queue(qname)
+    q.set_concurrency(1)
+    q.enqueue_many([0, 1])
+    read_done, told = threading.Event(), threading.Event()
+    real_limit_wait, real_finished = claimer_mod.limit_wait, claimer_mod.Claimer.finished
+    reads: list[Any] = []
+
+    def limit_wait(store: alk.Store, queue: str) -> Any:
+        held = real_limit_wait(store, queue)
+        reads.append(held)
+        if len(reads) == 1:
+            read_done.set()  # the job may finish now...
+            told.wait(WAIT)  # ...and has, before this read is acted on
+        return held
+
+    def finished(self: Any, queue: str) -> None:
+        real_finished(self, queue)
+        told.set()
+
+    monkeypatch.setattr(claimer_mod, "limit_wait", limit_wait)
+    monkeypatch.setattr(claimer_mod.Claimer, "finished", finished)
+    done: list[int] = []
+
+    def handler(job: alk.Job) -> None:
+        if job.payload == 0:
+            read_done.wait(WAIT)
+        done.append(job.payload)
+
+    with _worker(dbstore, qname, handler, concurrency=4, poll_interval=NO_POLL):
+        wait_for(lambda: len(done) == 2, "the second job, claimed on our own job's finish")
+    assert reads[0] is not None and reads[0][1], "the first read saw the limit full"
+    assert sorted(done) == [0, 1]
