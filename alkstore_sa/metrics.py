@@ -35,7 +35,7 @@ from ._gauges import QueueGauges, read_gauges
 from .worker import observe
 
 if TYPE_CHECKING:
-    from .model import Job
+    from .queue import JobHandle
     from .store import Store
 
 log = logging.getLogger("alkstore_sa")
@@ -119,15 +119,14 @@ class Collector:
 class _Recorder:
     """The worker observer that records into the module-level metrics."""
 
-    def started(self, job: Job) -> None:
-        if job.claimed_at is not None:
-            wait = (job.claimed_at - job.run_at).total_seconds()
-            JOB_WAIT.labels(job.queue).observe(max(0.0, wait))
+    def started(self, claim: JobHandle) -> None:
+        JOB_WAIT.labels(claim._queue.name).observe(claim._wait)
 
-    def finished(self, job: Job, outcome: str, duration: float | None) -> None:
-        JOBS_PROCESSED.labels(job.queue, outcome).inc()
+    def finished(self, claim: JobHandle, outcome: str, duration: float | None) -> None:
+        queue = claim._queue.name
+        JOBS_PROCESSED.labels(queue, outcome).inc()
         if duration is not None:
-            JOB_DURATION.labels(job.queue).observe(duration)
+            JOB_DURATION.labels(queue).observe(duration)
 
 
 def instrument() -> None:

@@ -16,6 +16,9 @@ from .model import Job, QueueSettings, QueueStats, SweepResult
 from .schema import JOB_FIELDS
 
 _PAYLOAD = FIELD["payload"]  # the claim row's payload column (read once per job)
+_ATTEMPTS, _MAX_ATTEMPTS = FIELD["attempts"], FIELD["max_attempts"]
+_VISIBILITY_TIMEOUT = FIELD["visibility_timeout"]
+_CLAIMED_AT, _RUN_AT = FIELD["claimed_at"], FIELD["run_at"]
 
 if TYPE_CHECKING:
     from .store import Store, _DefaultStore
@@ -394,9 +397,25 @@ class JobHandle:
             self._payload = v.decode_payload(self._row[_PAYLOAD])
         return self._payload
 
+    # The claim row's own fields, for the worker's per-job bookkeeping: reading them does
+    # not build the Job (datetimes, errors), which a task that never asks for it skips.
+
     @property
     def _attempts(self) -> int:
-        return self._row[FIELD["attempts"]]  # type: ignore[no-any-return]
+        return self._row[_ATTEMPTS]  # type: ignore[no-any-return]
+
+    @property
+    def _max_attempts(self) -> int:
+        return self._row[_MAX_ATTEMPTS]  # type: ignore[no-any-return]
+
+    @property
+    def _visibility_timeout(self) -> float:
+        return float(self._row[_VISIBILITY_TIMEOUT])
+
+    @property
+    def _wait(self) -> float:
+        """Seconds from the job's run_at to this claim (never negative)."""
+        return max(0.0, float(self._row[_CLAIMED_AT]) - float(self._row[_RUN_AT]))
 
     @property
     def consumed(self) -> bool:

@@ -79,10 +79,10 @@ class _Outcomes:
         self.target = 0  # the waiting step is woken once, when this many were acked
         self._changed = threading.Condition()
 
-    def started(self, job: alk.Job) -> None:
+    def started(self, claim: alk.JobHandle) -> None:
         pass
 
-    def finished(self, job: alk.Job, outcome: str, duration: float | None) -> None:
+    def finished(self, claim: alk.JobHandle, outcome: str, duration: float | None) -> None:
         with self._changed:
             if outcome == observe.ACKED:
                 self.acked += 1

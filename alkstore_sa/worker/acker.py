@@ -114,7 +114,7 @@ class Acker:
         with self._cond:
             if self._stopping or self._thread is None:
                 return False
-            due = now + min(self.max_delay, w.job.visibility_timeout / 10)
+            due = now + min(self.max_delay, w.handle._visibility_timeout / 10)
             self._pending.append(_Pending(w, due))
             due_now = self._due_in(now) <= 0
             if due_now and not self._writing and asyncio._get_running_loop() is None:

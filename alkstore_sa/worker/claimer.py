@@ -27,6 +27,13 @@ or rate window — sleeps by them instead of by its next due job (which would sa
 while ready jobs wait): until the rate window frees a place, a claim lapses, one of this
 worker's own jobs of the queue finishes, or a wake (a resume or a changed limit).
 
+Where a claim runs: slots freed on a worker thread (a batch of acks written, an outcome
+recorded) are claimed for on that same thread, right away (``claim_freed``); the claimer's
+own thread claims for wakes, due times, re-polls and backoffs, and whenever such a round
+could not fill the free slots. Rounds never overlap (one lock), so the choice above is the
+same wherever a round runs. Handing every freed slot to the claimer's thread would cost a
+thread wake-up per batch, which on a busy worker is as much as the claim itself.
+
 An outage is logged once per queue: a WARNING at the first failed claim, DEBUG for the
 ones after it, and an INFO line when claims work again.
 """
@@ -145,10 +152,14 @@ class Claimer:
         self._free, self._busy, self._start = free, busy, start
         self._nudge = nudge  # set by a wake-up, a freed slot, or stop
         self._next = 0  # where the next round's round-robin order starts
+        # one round at a time, on the claimer's thread or the thread that freed slots
+        self._round_lock = threading.Lock()
+        self._claiming = False  # run() is on: rounds may run (off before it starts and once it ended)
         # says that this worker now waits for a wake of a queue (PgHub.advertise: enqueues
         # notify only while someone waits); set by the runtime from its wake hub, a no-op
         # where wakes need no advertising or there is no hub
         self.advertise: Callable[[str], None] = _nothing
+        self._stop = StopToken()
 
     def wake(self, queue: str) -> None:
         """A committed enqueue into ``queue``, or a change of its settings (called on the
@@ -170,22 +181,53 @@ class Claimer:
 
     def run(self, stop: StopToken, burst: bool) -> None:
         """Until ``stop`` (or, with ``burst``, until nothing is claimable and nothing runs)."""
-        while not stop.stopped:
-            free = self._free()
-            if free > 0:
-                if burst and self._busy() == 0:
-                    if len(self._drained) == len(self.sources):
-                        return
-                    for s in self.sources:  # the burst ends only once every queue was found empty
-                        s.woken = s.woken or s not in self._drained
-                ready = self._ready(time.monotonic(), free + 1)
+        self._stop = stop
+        self._claiming = True
+        try:
+            while not stop.stopped:
+                with self._round_lock:
+                    free = self._free()
+                    if free > 0:
+                        if burst and self._busy() == 0:
+                            if len(self._drained) == len(self.sources):
+                                return
+                            for s in self.sources:  # the burst ends only once every queue was found empty
+                                s.woken = s.woken or s not in self._drained
+                        ready = self._ready(time.monotonic(), free + 1)
+                        if ready:
+                            self._round(ready, free, clean=burst and self._busy() == 0)
+                            continue
+                    sleep = self._sleep(free)
+                # The flags above carry every reason to claim; the nudge only ends the sleep, so
+                # a wake that lands between reading them and clearing it is still seen next turn.
+                self._nudge.wait(sleep)
+                self._nudge.clear()
+        finally:
+            with self._round_lock:
+                self._claiming = False
+
+    def claim_freed(self) -> None:
+        """Slots were just freed on this (worker) thread: claim for them here, at once, with
+        no thread wake-up. The claimer's thread is nudged instead when it is in a round
+        itself, when no queue is ready, or when this round left slots free (it then sleeps
+        by the queues' due times); never after the worker stopped claiming."""
+        if not self._round_lock.acquire(blocking=False):
+            self._nudge.set()  # its round ends soon and looks at the free slots
+            return
+        filled = False
+        try:
+            if self._claiming and not self._stop.stopped:
+                free = self._free()
+                ready = self._ready(time.monotonic(), free + 1) if free > 0 else []
                 if ready:
-                    self._round(ready, free, clean=burst and self._busy() == 0)
-                    continue
-            # The flags above carry every reason to claim; the nudge only ends the sleep, so a
-            # wake that lands between reading them and clearing it is still seen next turn.
-            self._nudge.wait(self._sleep(free))
-            self._nudge.clear()
+                    self._round(ready, free, clean=False)  # burst's drained check is the claimer's own
+                filled = self._free() <= 0
+        except Exception:  # noqa: BLE001 - a bug here must not cost the thread; the claimer's own round follows
+            log.exception("claiming for freed slots failed unexpectedly")
+        finally:
+            self._round_lock.release()
+        if not filled:
+            self._nudge.set()
 
     def _ready(self, now: float, limit: int) -> list[_Source]:
         """The ready queues in this round's round-robin order, the first ``limit`` of them

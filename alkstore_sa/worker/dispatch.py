@@ -56,8 +56,7 @@ def is_async_callable(fn: object) -> bool:
 
 
 def job_context(h: JobHandle, worker_id: str) -> dict[str, Any]:
-    job = h.job
-    return {"queue": job.queue, "job_id": job.id, "attempt": job.attempts, "worker_id": worker_id}
+    return {"queue": h._queue.name, "job_id": h.id, "attempt": h._attempts, "worker_id": worker_id}
 
 
 class HandlerDispatch:
@@ -78,20 +77,19 @@ class TaskDispatch:
         self.tasks = tasks
 
     def work(self, h: JobHandle, context: dict[str, Any]) -> Work:
-        job = h.job
         try:
-            task, args, kwargs = self.tasks.resolve(job.payload)
+            task, args, kwargs = self.tasks.resolve(h.payload)  # the Job itself is built only if asked for
         except UnknownTask as exc:
             # a deploy in progress: a worker that has the task may come along, so the job is
             # retried on its curve (and goes dead at its attempt budget), never acked
             log.warning(
                 "job %s of %r: %s (this worker has %s); retrying it",
-                job.id, job.queue, exc, _listed(self.tasks), extra=context,
+                h.id, h._queue.name, exc, _listed(self.tasks), extra=context,
             )
             return Work(h, context, f"task {exc.name!r}", outcome=Outcome("retry", str(exc)))
         except NotATaskPayload as exc:
             # nothing can make this job runnable: it was not enqueued by a Task
-            log.warning("job %s of %r: %s; failing it", job.id, job.queue, exc, extra=context)
+            log.warning("job %s of %r: %s; failing it", h.id, h._queue.name, exc, extra=context)
             return Work(h, context, "task", outcome=Outcome("fail", str(exc)))
         context["task"] = task.name
         call = functools.partial(task.func, *args, **kwargs)

@@ -21,7 +21,7 @@ ClaimKey = tuple[int, int]  # (job id, attempt): one claim of one job
 
 
 def claim_key(h: JobHandle) -> ClaimKey:
-    return (h.id, h.job.attempts)
+    return (h.id, h._attempts)
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Heartbeater:
         first = float("inf")
         with self._lock:
             for h in handles:
-                entry = _Entry(h, now + h.job.visibility_timeout / 3)
+                entry = _Entry(h, now + h._visibility_timeout / 3)
                 self._roster[claim_key(h)] = entry
                 first = min(first, entry.next_beat)
         if first < self._wake_at:
@@ -91,7 +91,7 @@ class Heartbeater:
             self._nudge.clear()
 
     def _beat(self, entry: _Entry) -> None:
-        vt = entry.handle.job.visibility_timeout
+        vt = entry.handle._visibility_timeout
         try:
             ok = entry.handle.heartbeat(vt)
         except HandleConsumed:
@@ -106,5 +106,5 @@ class Heartbeater:
             entry.lost = True
             log.warning(
                 "job %s (attempt %d): claim lost (lapsed, cancelled or swept); its result will not be acked",
-                entry.handle.id, entry.handle.job.attempts,
+                entry.handle.id, entry.handle._attempts,
             )

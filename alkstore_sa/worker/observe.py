@@ -3,15 +3,19 @@ as ``alkstore_sa.metrics.instrument()``) installs one.
 
 The worker tells it when a job starts running and how its outcome landed. With no
 observer installed each call site costs one attribute read, so a worker that exports no
-metrics pays nothing for them and the worker never imports a metrics library.
+metrics pays nothing for them and the worker never imports a metrics library. It is told
+about the job's claim handle, not a ``Job``: what a counter needs (the queue, the claim's
+wait) is read off the claimed row, and the ``Job`` value is built only by an observer
+that asks for ``handle.job``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..model import Job
+if TYPE_CHECKING:
+    from ..queue import JobHandle
 
 log = logging.getLogger("alkstore_sa")
 
@@ -25,10 +29,11 @@ ACKED, RETRIED, DEAD, LOST = "acked", "retried", "dead", "lost"
 class Observer(Protocol):
     """Told about every job a worker of this process runs."""
 
-    def started(self, job: Job) -> None:
-        """The job (as claimed: ``claimed_at`` is this claim's) was handed to the runner."""
+    def started(self, claim: JobHandle) -> None:
+        """The claimed job (``claim.job``: ``claimed_at`` is this claim's) was handed to
+        the runner."""
 
-    def finished(self, job: Job, outcome: str, duration: float | None) -> None:
+    def finished(self, claim: JobHandle, outcome: str, duration: float | None) -> None:
         """Its outcome landed as ``outcome`` (ACKED, RETRIED, DEAD or LOST); ``duration``
         is the seconds its handler ran (None when nothing ran: a task this worker lacks)."""
 
@@ -43,21 +48,22 @@ def install(new: Observer | None) -> Observer | None:
     return old
 
 
-def started(job: Job) -> None:
-    """Tell the observer, if any, that ``job`` starts; its errors never reach the worker."""
+def started(claim: JobHandle) -> None:
+    """Tell the observer, if any, that the claimed job starts; its errors never reach the worker."""
     obs = observer
     if obs is not None:
         try:
-            obs.started(job)
+            obs.started(claim)
         except Exception:  # noqa: BLE001 - metrics must not break job processing
-            log.exception("the metrics observer failed on job %s", job.id)
+            log.exception("the metrics observer failed on job %s", claim.id)
 
 
-def finished(job: Job, outcome: str, duration: float | None) -> None:
-    """Tell the observer, if any, how ``job``'s outcome landed; its errors never reach the worker."""
+def finished(claim: JobHandle, outcome: str, duration: float | None) -> None:
+    """Tell the observer, if any, how the claimed job's outcome landed; its errors never
+    reach the worker."""
     obs = observer
     if obs is not None:
         try:
-            obs.finished(job, outcome, duration)
+            obs.finished(claim, outcome, duration)
         except Exception:  # noqa: BLE001 - metrics must not break job processing
-            log.exception("the metrics observer failed on job %s", job.id)
+            log.exception("the metrics observer failed on job %s", claim.id)

@@ -66,7 +66,7 @@ def outcome_of(work: Work) -> Outcome:
     assert call is not None  # set for every Work that is run
     started = time.perf_counter()
     try:
-        with running(work.job):  # alk.current_job() inside the handler
+        with running(work.handle):  # alk.current_job() inside the handler
             result = call()
     except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
         return _raised(work, exc)
@@ -74,7 +74,7 @@ def outcome_of(work: Work) -> Outcome:
         work.duration = time.perf_counter() - started  # the handler's run time (metrics)
     if inspect.isawaitable(result):
         message = _discard_awaitable(work.what, result)
-        log.warning("job %s of %r: %s", work.job.id, work.job.queue, message, extra=work.context)
+        log.warning("job %s of %r: %s", work.handle.id, work.handle._queue.name, message, extra=work.context)
         return Outcome("retry", message)
     return ACK
 
@@ -87,7 +87,7 @@ async def aoutcome_of(work: Work) -> Outcome:
     assert call is not None  # set for every Work that is run
     started = time.perf_counter()
     try:
-        with running(work.job):  # set in this asyncio task's own context
+        with running(work.handle):  # set in this asyncio task's own context
             await call()
     except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
         return _raised(work, exc)
@@ -126,7 +126,7 @@ def landed_as(h: JobHandle, outcome: Outcome) -> str:
     or a retry at the attempt budget, which ``retry()`` turns into a burial)."""
     if outcome.kind == "ack":
         return ACKED
-    if outcome.kind == "fail" or h.job.attempts >= h.job.max_attempts:
+    if outcome.kind == "fail" or h._attempts >= h._max_attempts:
         return DEAD
     return RETRIED
 
@@ -138,7 +138,6 @@ def settle(
     when it was refused. Logs one WARNING when the job went dead through it. ``ack``, when
     given, says what the ack did instead of ``h.ack()`` (the worker's batched acks, acker.py:
     written already, together with others)."""
-    job = h.job
     landing = landed_as(h, outcome)  # read before the op: the handle's job is as claimed
     if outcome.kind == "ack":
         return landing if (h.ack() if ack is None else ack(h)) else None
@@ -150,6 +149,7 @@ def settle(
         landed = h.retry(error, outcome.delay)
         last_error = "max attempts exceeded"
     if landed and landing == DEAD:
+        job = h.job
         because = "" if outcome.error in (None, last_error) else f" (last error: {outcome.error})"
         log.warning(
             "job %s of %r is dead after %d/%d attempt(s): %s%s",

@@ -8,6 +8,7 @@ jobs are cancelled so the event loop can close; sync ones keep their threads).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -140,7 +141,17 @@ class Worker:
         nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop
         stop.on_stop(nudge.set)
         self._roster = Heartbeater()
-        runner = Runner(self.concurrency, self._finish, nudge.set)
+        claimer: Claimer | None = None
+
+        def freed() -> None:
+            # claimed for on the thread that freed the slots (claimer.py); never on the event
+            # loop, which must not block on the database
+            if claimer is None or asyncio._get_running_loop() is not None:
+                nudge.set()
+            else:
+                claimer.claim_freed()
+
+        runner = Runner(self.concurrency, self._finish, freed)
         # acks of jobs finishing together go out as one statement (acker.py)
         acker = Acker(
             self.batch_size, in_flight=lambda: runner.busy, lost=lambda w: self._roster.lost(w.key),
@@ -152,7 +163,7 @@ class Worker:
             self._roster.add(handles)  # heartbeated from now on, before it starts running
             if observe.observer is not None:  # metrics: each job's wait since its run_at
                 for h in handles:
-                    observe.started(h.job)
+                    observe.started(h)
             works = [self._dispatch.work(h, job_context(h, self.worker_id)) for h in handles]
             tracer = _tracing.tracer
             if tracer is not None:  # alkstore_sa.tracing: a CONSUMER span per execution
@@ -240,7 +251,7 @@ class Worker:
                     "job %s: claim lost before %s; not %sing", h.id, outcome.kind, outcome.kind, extra=context
                 )
                 landing = observe.LOST
-                observe.finished(h.job, landing, w.duration)
+                observe.finished(h, landing, w.duration)
                 return
             try:
                 landed = settle(h, outcome, context, ack)
@@ -250,7 +261,7 @@ class Worker:
             with self._count_lock:
                 self.processed += 1
             landing = observe.LOST if landed is None else landed
-            observe.finished(h.job, landing, w.duration)
+            observe.finished(h, landing, w.duration)
             if landed is not None:
                 log.debug("job %s: %s", h.id, outcome.kind, extra=context)
             else:

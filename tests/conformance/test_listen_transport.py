@@ -89,3 +89,45 @@ def test_queue_watch_registers_while_the_listener_cannot_connect(unreachable: al
     token = hub.watch_queue(key, lambda: None)
     assert hub.fanout.has(key)
     hub.unwatch_queue(key, token)
+
+
+def test_sqlite_watcher_looks_at_most_once_per_gap_during_a_stream_of_commits(sqlite_db: Target) -> None:
+    """Every commit to the file wakes the SQLite watcher (a busy worker's own claims and acks
+    included). A stream of commits must cost one look per ``MIN_GAP`` at most, not one per
+    commit, and the enqueue at its end still wakes the queue's watcher. (Counted looks, not
+    timings: the bound is computed from how long the stream actually took.)"""
+    from alkstore_sa._backends import sqlite_watcher
+
+    store = sqlite_db.store()
+    try:
+        hub = store.hub()
+        woken = threading.Event()
+        hub.watch_queue(store.backend.wake_key("watched"), woken.set)
+        looks = [0]
+        check = hub._check
+
+        def counted() -> bool:
+            looks[0] += 1
+            return check()
+
+        hub._check = counted
+        with sqlite_db.engine.connect() as conn:  # another connection: its commits move data_version
+            conn.execute(sa.text("CREATE TABLE scratch (n INTEGER)"))
+            conn.commit()
+            time.sleep(0.05)
+            before = looks[0]
+            started = time.monotonic()
+            for i in range(300):
+                conn.execute(sa.text("INSERT INTO scratch VALUES (:n)"), {"n": i})
+                conn.commit()
+            took = time.monotonic() - started
+        time.sleep(0.05)
+        during = looks[0] - before
+        # one look per gap, plus the settle re-looks a look that finds nothing may add
+        bound = 2 * (took / sqlite_watcher.MIN_GAP + 1) + 10
+        assert during <= bound, f"{during} looks for 300 commits in {took * 1000:.1f} ms"
+        assert during < 300
+        store.queue("watched").enqueue({"n": 1})
+        assert woken.wait(5), "the enqueue after the stream did not wake the queue's watcher"
+    finally:
+        store.close()

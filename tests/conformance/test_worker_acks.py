@@ -54,10 +54,10 @@ class Outcomes:
         self.landed: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def started(self, job: alk.Job) -> None:
+    def started(self, claim: alk.JobHandle) -> None:
         pass
 
-    def finished(self, job: alk.Job, outcome: str, duration: float | None) -> None:
+    def finished(self, claim: alk.JobHandle, outcome: str, duration: float | None) -> None:
         with self._lock:
             self.landed[outcome] += 1
 

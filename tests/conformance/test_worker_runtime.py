@@ -403,3 +403,34 @@ def test_current_job_is_the_job_being_handled(store: alk.Store, qname: str) -> N
         r.stop_and_join()
     assert seen == {i: i for i in ids}
     assert alk.current_job() is None  # nothing leaks out of the handler's context
+
+
+# -- each job of a claim gets a thread of its own, wherever the claim ran ------------------------
+
+
+def test_every_job_of_a_claim_starts_at_once_on_its_own_thread(store: alk.Store, qname: str) -> None:
+    """The runner hands a claim's jobs out in a chain (one thread woken at a time), and slots
+    freed by finishing jobs are claimed for on the thread that freed them: still, every job
+    of a claim must start without waiting for another to finish. Eight jobs, four slots:
+    each job waits on a barrier of four, which only passes while four run at the same time.
+    The first four start the threads; the second four are claimed by the thread that wrote
+    the first four's acks and must wake the three threads asleep by then, not just one."""
+    q = store.queue(qname)
+    together = threading.Barrier(4, timeout=WAIT)  # cyclic: one pass per four jobs
+    ran: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def handler(job: alk.Job) -> None:
+        together.wait()  # raises BrokenBarrierError (a retry) unless four run at once
+        with lock:
+            ran.append((job.attempts, threading.current_thread().name))
+
+    q.enqueue_many([{"n": i} for i in range(8)])
+    w = alk.Worker(store, q, handler, concurrency=4, batch_size=4, poll_interval=0.2)
+    with running(w) as r:
+        wait_for(lambda: len(ran) == 8 or together.broken, "all eight jobs")
+        r.stop_and_join()
+    assert not together.broken
+    assert [attempt for attempt, _ in ran] == [1] * 8  # no job ran twice
+    assert len({name for _, name in ran[4:]}) == 4  # the second four on four threads
+    assert q.stats().pending == 0 and q.stats().processing == 0
