@@ -47,6 +47,10 @@ class FanOut:
         with self._lock:
             return list(self._subs)
 
+    def has_any(self) -> bool:
+        with self._lock:
+            return bool(self._subs)
+
     def has(self, key: str) -> bool:
         with self._lock:
             return key in self._subs

@@ -6,12 +6,22 @@ reads what is new: notification rows past the last id it saw, fanned out per cha
 jobs past the last job id, which wake their queue's consumers. Queue wakes therefore cost
 an enqueue nothing: the watcher observes committed jobs directly.
 
-Every commit to the file wakes it, a busy worker's own claims and acks included: it looks
-at most once per ``MIN_GAP``, so a stream of commits costs a few hundred looks a second,
-each covering every commit since the last, instead of one or two per commit (measured: in
-a process draining 25k jobs/s in batches of 8, one look per commit halved the drain). A
-commit after a quiet spell is looked at at once; one that lands within ``MIN_GAP`` of the
-previous look is seen at most that much later.
+Every commit to the file would wake it, a busy worker's own claims and acks included
+(measured: in a process draining 25k jobs/s in batches of 8, one look per commit halved
+the drain). So it watches only while someone needs it:
+
+- **Presence**, as on PostgreSQL (``advertise``): a queue's consumers say when they found
+  it empty and now wait for a wake; the next wake of the queue withdraws that, and they
+  say it again when they next find it empty. A worker busy on full claims asks for
+  nothing. The watcher watches the file only while some queue has presence, or some
+  channel or stream has a subscriber; otherwise it stops listening to the file altogether
+  (no wake-ups at all). Presence given — and a new subscription — makes it look at once,
+  so a job committed while nobody was watching still wakes the queue (the look compares
+  the newest job id with the last one it saw, whenever that was).
+- **Gathering**: while it watches, it looks at most once per ``MIN_GAP`` during a stream
+  of commits, each look covering every commit since the last. A commit after a quiet
+  spell is looked at at once; one within ``MIN_GAP`` of the previous look is seen at most
+  that much later.
 """
 
 from __future__ import annotations
@@ -21,7 +31,6 @@ import logging
 import os
 import selectors
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +61,11 @@ class SqliteHub:
         self._backend = backend
         self._sql = backend.sql
         self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
+        # queue keys whose consumers wait for a wake (advertise): withdrawn by its next wake
+        self._present: set[str] = set()
+        self._wake_r, self._wake_w = os.pipe()  # close(), and "look now" (presence, a new subscriber)
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._closed = threading.Event()
         self._proxied = engine.raw_connection()
         self._proxied.detach()
@@ -97,13 +110,16 @@ class SqliteHub:
                     deliver(seq, payload)
 
             token, _ = self.fanout.add(key, after_start)
+        self._poke()  # the watcher may have stopped watching the file: it starts again
         return token
 
     def unsubscribe(self, key: str, token: int) -> None:
         self.fanout.remove(key, token)
 
     def watch_queue(self, key: str, wake: Callable[[], None]) -> int:
-        """Call ``wake()`` whenever a job committed into queue ``key``."""
+        """Call ``wake()`` whenever a job committed into queue ``key`` while the queue has
+        presence: a consumer gives it with ``advertise`` when it finds the queue empty (a
+        consumer that starts on a backlog needs no wake until then)."""
         token, _ = self.queues.add(key, lambda _seq, _payload: wake())
         return token
 
@@ -111,12 +127,27 @@ class SqliteHub:
         self.queues.remove(key, token)
 
     def advertise(self, key: str) -> None:
-        """Nothing to do: every committed enqueue wakes the watcher (it sees the WAL change
-        and reads the new jobs itself), so waiting consumers need not announce themselves."""
+        """Say that a consumer of the queue ``key`` found it empty and now waits for a wake
+        (the module docstring): the watcher watches the file again if it had stopped, and
+        looks at once for jobs committed meanwhile."""
+        if key in self._present:
+            return
+        self._present.add(key)
+        self._poke()
+
+    def _poke(self) -> None:
+        """Make the watcher thread look again (and reconsider whether to watch the file)."""
+        with contextlib.suppress(BlockingIOError, OSError):  # full: a poke is pending anyway; closed: gone
+            os.write(self._wake_w, b"x")
+
+    def _needed(self) -> bool:
+        """Whether anyone waits for what the file's commits may bring."""
+        return bool(self._present) or self.fanout.has_any() or self.streams.has_any()
 
     def watch_stream(self, key: str, wake: Callable[[], None]) -> int:
         """Call ``wake()`` whenever an event is committed to stream ``key``."""
         token, _ = self.streams.add(key, lambda _seq, _payload: wake())
+        self._poke()
         return token
 
     def unwatch_stream(self, key: str, token: int) -> None:
@@ -128,7 +159,7 @@ class SqliteHub:
         if self._closed.is_set():
             return
         self._closed.set()
-        os.write(self._wake_w, b"x")
+        self._poke()
         self._thread.join(timeout=5)
         if self._watch is not None:
             self._watch.close()
@@ -144,30 +175,44 @@ class SqliteHub:
     def _run(self) -> None:
         with new_selector() as sel:  # not select(): it fails for descriptors >= 1024
             sel.register(self._wake_r, selectors.EVENT_READ)
-            if self._watch is not None:
-                sel.register(self._watch.fd, selectors.EVENT_READ)
             self._watch_loop(sel)
 
     def _watch_loop(self, sel: selectors.BaseSelector) -> None:
-        idle = SAFETY_POLL if self._watch else POLL_FALLBACK
         retries: list[float] = []
-        looked = float("-inf")  # time.monotonic() of the last look
+        watching = False  # the file's events are registered with the selector
         while not self._closed.is_set():
             try:
-                timeout = retries.pop(0) if retries else idle
+                needed = self._needed()
+                if self._watch is not None and needed != watching:
+                    if needed:
+                        sel.register(self._watch.fd, selectors.EVENT_READ)
+                        self._watch.relevant()  # old events: the look below covers them
+                    else:
+                        sel.unregister(self._watch.fd)
+                    watching = needed
+                if retries:
+                    timeout = retries.pop(0)
+                elif needed and self._watch is None:
+                    timeout = POLL_FALLBACK  # no file events here: poll while someone waits
+                else:
+                    timeout = SAFETY_POLL  # events coalesce or go missing now and then
                 readable = {key.fd for key, _ in sel.select(timeout)}
                 if self._closed.is_set():
                     return
-                event = self._watch is not None and self._watch.fd in readable
-                if event and not self._watch.relevant():  # type: ignore[union-attr]
-                    continue
-                if event and (gap := looked + MIN_GAP - time.monotonic()) > 0:
-                    # commits in quick succession: one look, MIN_GAP after the last, covers
-                    # them all (the events meanwhile are drained: this look sees their commits)
-                    if self._closed.wait(gap):
+                poked = self._wake_r in readable
+                if poked:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    if self._closed.is_set():
                         return
-                    self._watch.relevant()  # type: ignore[union-attr]
-                looked = time.monotonic()
+                    if not self._needed():
+                        continue
+                event = watching and self._watch.fd in readable  # type: ignore[union-attr]
+                if event and not self._watch.relevant() and not poked:  # type: ignore[union-attr]
+                    continue
+                if not poked and not event and not retries and not needed:
+                    continue  # the safety poll with nobody waiting: nothing to look for
                 with self._lock:
                     changed = self._check()
                 if event and not changed:
@@ -177,6 +222,10 @@ class SqliteHub:
                     retries = list(SETTLE_RETRIES)
                 elif changed:
                     retries = []
+                    if event and self._closed.wait(MIN_GAP):
+                        # More commits may follow (a busy worker's own): the next look waits
+                        # MIN_GAP, and covers every commit that came meanwhile, with one wake.
+                        return
             except Exception:  # noqa: BLE001 - keep watching; consumers re-poll anyway
                 log.exception("alkstore SQLite watcher error")
                 self._closed.wait(0.1)
@@ -202,7 +251,7 @@ class SqliteHub:
         rows = self._conn.execute(sql, {"after": self._last_note}).fetchall()
         for note_id, channel, payload in rows:
             if channel == QUEUE_WAKE_CHANNEL:  # a queue wake without a new job (sqlite.py)
-                self.queues.dispatch(payload, 0, "")
+                self._wake_queue(payload)
             self.fanout.dispatch(channel, note_id, payload)
         if rows:
             self._last_note = rows[-1][0]
@@ -227,6 +276,12 @@ class SqliteHub:
             .distinct(),
         )
         for (queue,) in self._conn.execute(sql, {"after": self._last_job}).fetchall():
-            self.queues.dispatch(queue, 0, "")
+            self._wake_queue(queue)
         self._last_job = seq
+
+    def _wake_queue(self, key: str) -> None:
+        """Wake the queue's consumers; its presence is withdrawn first (an ``advertise``
+        that a woken consumer makes is then kept)."""
+        self._present.discard(key)
+        self.queues.dispatch(key, 0, "")
 

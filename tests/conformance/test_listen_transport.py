@@ -1,19 +1,22 @@
 """SPEC §9, the listen transport's edges: "listening when listen() returns" holds for every
 subscriber of a channel, not only the one whose LISTEN was sent (issue 9 item 9); and on
 PostgreSQL a listener that cannot reach the database makes listen() fail with a
-DatabaseError after a bounded wait, while internal wake watches register and return."""
+DatabaseError after a bounded wait, while internal wake watches register and return. The
+SQLite watcher looks at commits only while someone waits for them, and then at most once
+per gap during a stream of commits."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
 from alkstore_sa._backends import pg_listener
-from tests.support import Target
+from tests.support import WAIT, Target
 
 DELIVERY = 10.0
 ROUNDS = 30
@@ -91,9 +94,37 @@ def test_queue_watch_registers_while_the_listener_cannot_connect(unreachable: al
     hub.unwatch_queue(key, token)
 
 
+def _counted_looks(hub: Any) -> list[int]:
+    looks = [0]
+    check = hub._check
+
+    def counted() -> bool:
+        looks[0] += 1
+        return check()
+
+    hub._check = counted
+    return looks
+
+
+def _commit_stream(db: Target, count: int) -> float:
+    """``count`` commits from another connection (each moves data_version and writes the
+    -wal file, like a busy worker's claims and acks); the seconds they took."""
+    with db.engine.connect() as conn:
+        conn.execute(sa.text("CREATE TABLE IF NOT EXISTS scratch (n INTEGER)"))
+        conn.commit()
+        time.sleep(0.05)
+        started = time.monotonic()
+        for i in range(count):
+            conn.execute(sa.text("INSERT INTO scratch VALUES (:n)"), {"n": i})
+            conn.commit()
+        took = time.monotonic() - started
+    time.sleep(0.05)
+    return took
+
+
 def test_sqlite_watcher_looks_at_most_once_per_gap_during_a_stream_of_commits(sqlite_db: Target) -> None:
-    """Every commit to the file wakes the SQLite watcher (a busy worker's own claims and acks
-    included). A stream of commits must cost one look per ``MIN_GAP`` at most, not one per
+    """While a queue's consumer waits (presence), every commit to the file wakes the SQLite
+    watcher. A stream of commits must cost one look per ``MIN_GAP`` at most, not one per
     commit, and the enqueue at its end still wakes the queue's watcher. (Counted looks, not
     timings: the bound is computed from how long the stream actually took.)"""
     from alkstore_sa._backends import sqlite_watcher
@@ -101,33 +132,48 @@ def test_sqlite_watcher_looks_at_most_once_per_gap_during_a_stream_of_commits(sq
     store = sqlite_db.store()
     try:
         hub = store.hub()
+        key = store.backend.wake_key("watched")
         woken = threading.Event()
-        hub.watch_queue(store.backend.wake_key("watched"), woken.set)
-        looks = [0]
-        check = hub._check
-
-        def counted() -> bool:
-            looks[0] += 1
-            return check()
-
-        hub._check = counted
-        with sqlite_db.engine.connect() as conn:  # another connection: its commits move data_version
-            conn.execute(sa.text("CREATE TABLE scratch (n INTEGER)"))
-            conn.commit()
-            time.sleep(0.05)
-            before = looks[0]
-            started = time.monotonic()
-            for i in range(300):
-                conn.execute(sa.text("INSERT INTO scratch VALUES (:n)"), {"n": i})
-                conn.commit()
-            took = time.monotonic() - started
+        hub.watch_queue(key, woken.set)
+        hub.advertise(key)  # as a worker does when it finds the queue empty
         time.sleep(0.05)
-        during = looks[0] - before
+        looks = _counted_looks(hub)
+        took = _commit_stream(sqlite_db, 300)
         # one look per gap, plus the settle re-looks a look that finds nothing may add
         bound = 2 * (took / sqlite_watcher.MIN_GAP + 1) + 10
-        assert during <= bound, f"{during} looks for 300 commits in {took * 1000:.1f} ms"
-        assert during < 300
+        assert looks[0] <= bound, f"{looks[0]} looks for 300 commits in {took * 1000:.1f} ms"
+        assert looks[0] < 300
         store.queue("watched").enqueue({"n": 1})
-        assert woken.wait(5), "the enqueue after the stream did not wake the queue's watcher"
+        assert woken.wait(WAIT), "the enqueue after the stream did not wake the queue's watcher"
+    finally:
+        store.close()
+
+
+def test_sqlite_watcher_sleeps_while_nobody_waits_and_catches_up_on_presence(sqlite_db: Target) -> None:
+    """A consumer busy on full claims gives no presence: the watcher then does not look at
+    commits at all. A job committed meanwhile still wakes the queue once its consumer finds
+    it empty and says so (``advertise`` makes the watcher look at once), and a wake
+    withdraws the presence again."""
+    store = sqlite_db.store()
+    try:
+        hub = store.hub()
+        key = store.backend.wake_key("watched")
+        woken = threading.Event()
+        hub.watch_queue(key, woken.set)
+        time.sleep(0.05)
+        looks = _counted_looks(hub)
+        _commit_stream(sqlite_db, 100)
+        store.queue("watched").enqueue({"n": 1})  # committed while nobody waits
+        time.sleep(0.1)
+        assert looks[0] == 0 and not woken.is_set()
+        hub.advertise(key)  # the consumer's claim came back short: it waits now
+        assert woken.wait(WAIT), "the job committed before the presence did not wake the queue"
+        assert key not in hub._present  # withdrawn by that wake
+        woken.clear()
+        store.queue("watched").enqueue({"n": 2})
+        time.sleep(0.1)
+        assert not woken.is_set()  # no presence, no wake (the consumer claims anyway)
+        hub.advertise(key)
+        assert woken.wait(WAIT)
     finally:
         store.close()
