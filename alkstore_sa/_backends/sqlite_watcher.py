@@ -185,8 +185,9 @@ class SqliteHub:
                 needed = self._needed()
                 if self._watch is not None and needed != watching:
                     if needed:
+                        # events queued meanwhile are kept: they make the next select return
+                        # at once, so a commit since the last look is never drained unseen
                         sel.register(self._watch.fd, selectors.EVENT_READ)
-                        self._watch.relevant()  # old events: the look below covers them
                     else:
                         sel.unregister(self._watch.fd)
                     watching = needed
@@ -206,13 +207,11 @@ class SqliteHub:
                             pass
                     if self._closed.is_set():
                         return
-                    if not self._needed():
-                        continue
+                if not self._needed():
+                    continue  # nobody waits: nothing to look for (the next turn stops watching)
                 event = watching and self._watch.fd in readable  # type: ignore[union-attr]
                 if event and not self._watch.relevant() and not poked:  # type: ignore[union-attr]
                     continue
-                if not poked and not event and not retries and not needed:
-                    continue  # the safety poll with nobody waiting: nothing to look for
                 with self._lock:
                     changed = self._check()
                 if event and not changed:

@@ -11,16 +11,16 @@ separate: it tracks claims, not slots.
 Threads are started as work needs them, never more than ``concurrency``: a sync job takes
 one while it runs; an async job takes one only to record its outcome (the queue operations
 are blocking calls, kept off the loop). Since at most ``concurrency`` jobs are in flight,
-a thread is always there for each of them.
+a thread is always there for each of them. An ack takes no thread at all: it is handed to
+the worker's ack writer (``defer``, acker.py), which frees its slot once the batch it went
+out in was written.
 
 Items are handed to the threads in a chain: a put wakes one sleeping thread (or starts
 one) only when no thread is already on its way, and each thread that takes an item wakes
 the next one while items remain. So every item still gets a thread of its own without
 waiting for another item to finish, but a claim of eight short jobs wakes a thread or two
 rather than eight (each wake-up on a busy, two-core machine costs about as much as running
-a short job), and the thread that claimed them runs some of them itself. An ack takes no thread at all: it is handed to
-the worker's ack writer (``defer``, acker.py), which frees its slot once the batch it went
-out in was written.
+a short job), and the thread that claimed them runs some of them itself.
 """
 
 from __future__ import annotations

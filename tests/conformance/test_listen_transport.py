@@ -106,6 +106,15 @@ def _counted_looks(hub: Any) -> list[int]:
     return looks
 
 
+def _watched_queue(store: alk.Store) -> tuple[Any, str, threading.Event]:
+    """The store's hub with a watch on queue "watched": (hub, its wake key, set on a wake)."""
+    hub = store.hub()
+    key = store.backend.wake_key("watched")
+    woken = threading.Event()
+    hub.watch_queue(key, woken.set)
+    return hub, key, woken
+
+
 def _commit_stream(db: Target, count: int) -> float:
     """``count`` commits from another connection (each moves data_version and writes the
     -wal file, like a busy worker's claims and acks); the seconds they took."""
@@ -131,10 +140,7 @@ def test_sqlite_watcher_looks_at_most_once_per_gap_during_a_stream_of_commits(sq
 
     store = sqlite_db.store()
     try:
-        hub = store.hub()
-        key = store.backend.wake_key("watched")
-        woken = threading.Event()
-        hub.watch_queue(key, woken.set)
+        hub, key, woken = _watched_queue(store)
         hub.advertise(key)  # as a worker does when it finds the queue empty
         time.sleep(0.05)
         looks = _counted_looks(hub)
@@ -156,10 +162,7 @@ def test_sqlite_watcher_sleeps_while_nobody_waits_and_catches_up_on_presence(sql
     withdraws the presence again."""
     store = sqlite_db.store()
     try:
-        hub = store.hub()
-        key = store.backend.wake_key("watched")
-        woken = threading.Event()
-        hub.watch_queue(key, woken.set)
+        hub, key, woken = _watched_queue(store)
         time.sleep(0.05)
         looks = _counted_looks(hub)
         _commit_stream(sqlite_db, 100)
