@@ -12,9 +12,7 @@ task that never asks does not pay for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Protocol
 
 from .model import Job
@@ -36,13 +34,22 @@ def current_job() -> Job | None:
     return current.job
 
 
-@contextmanager
-def running(job: Job | _HasJob) -> Iterator[None]:
+class running:
     """Make ``job`` (a ``Job``, or a claim handle whose ``.job`` is built on demand) the
     current job until the block exits (nested blocks restore the outer job). Enter and
-    exit it in the same thread or asyncio task."""
-    token = _job.set(job)
-    try:
-        yield
-    finally:
-        _job.reset(token)
+    exit it in the same thread or asyncio task. (A class, not a generator: it is entered
+    once per job run.)"""
+
+    __slots__ = ("_current", "_token")
+
+    def __init__(self, job: Job | _HasJob) -> None:
+        self._current = job
+        self._token: Token[Job | _HasJob | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _job.set(self._current)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            _job.reset(self._token)
+            self._token = None

@@ -16,7 +16,10 @@ hand-off; the acker's own writer thread writes the ones that come due by time, o
 event loop (which must never block on the database). The writer is woken only for an ack
 due before it would wake by itself, or a batch due now from the event loop: a runner thread
 that writes every batch costs it no wake-up (a thread wake per batch, on two shared cores,
-costs more than the batch's Python work). One batch is written at a time. The
+costs more than the batch's Python work). Once an add had to wake it, the writer wakes by
+itself every ``max_delay`` while acks keep coming (an ack added meanwhile is then due no
+sooner than that tick, so it needs no wake-up), and sleeps until the next add after a tick
+that saw none. One batch is written at a time. The
 writer then records each job's outcome as it landed (``finish``: counts, metrics, logs, the
 heartbeat roster) and frees the batch's slots together (``release``), so the claimer's next
 claim is one statement for all of them. Until its ack is written a job stays on the
@@ -80,11 +83,14 @@ class Acker:
         self._release = release  # frees this many slots at once
         self._cond = threading.Condition(threading.Lock())
         self._pending: list[_Pending] = []
+        self._first_due = float("inf")  # the earliest due time among _pending
         self._writing = False  # a batch is being written (by the writer or a runner thread)
         # when the writer wakes by itself (time.monotonic()): an add due before then wakes it,
         # one due later does not (it wakes in time anyway); -inf while a batch is written, as
         # whoever writes it tells the writer about what is pending once done
         self._wakes_at = float("inf")
+        self._ticking = False  # the writer wakes every max_delay while acks keep coming
+        self._added = False  # an ack was added since the writer's last tick
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -116,6 +122,9 @@ class Acker:
                 return False
             due = now + min(self.max_delay, w.handle._visibility_timeout / 10)
             self._pending.append(_Pending(w, due))
+            self._added = True
+            if due < self._first_due:
+                self._first_due = due
             due_now = self._due_in(now) <= 0
             if due_now and not self._writing and asyncio._get_running_loop() is None:
                 batch = self._take()  # due now, on a runner thread: written here, no hand-off
@@ -123,7 +132,9 @@ class Acker:
                 # the writer sleeps until the oldest one's due time: tell it about one due
                 # before it wakes, and about a batch that is due now (from the event loop,
                 # which must not block on the database); a batch being written is followed
-                # by a look at what is pending (_write_taken)
+                # by a look at what is pending (_write_taken); more acks are likely to
+                # follow this one, so the writer ticks from now on (module docstring)
+                self._ticking = True
                 self._cond.notify()
         if batch is not None:
             self._write_taken(batch)
@@ -131,8 +142,10 @@ class Acker:
 
     def _take(self) -> list[_Pending]:
         """(Lock held.) The next batch, off the list; its writer is the caller."""
-        batch = self._pending[: self.max_batch]
-        del self._pending[: self.max_batch]
+        pending = self._pending
+        batch = pending[: self.max_batch]
+        del pending[: self.max_batch]
+        self._first_due = min((p.due for p in pending), default=float("inf"))
         self._writing = True
         return batch
 
@@ -156,22 +169,22 @@ class Acker:
         if self._wakes_at == float("-inf"):
             return True
         now = time.monotonic()
-        return self._due_in(now) <= 0 or min(p.due for p in self._pending) < self._wakes_at
+        return self._due_in(now) <= 0 or self._first_due < self._wakes_at
 
     def _due_in(self, now: float) -> float:
         """(Lock held, something pending.) Seconds until the pending acks must be written."""
         pending = self._pending
         if self._stopping or len(pending) >= self.max_batch or len(pending) >= self._in_flight():
             return 0.0
-        return min(p.due for p in pending) - now
+        return self._first_due - now
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while True:
-                    if self._writing:  # a runner thread writes a batch: one write at a time
+                    if self._writing and not self._ticking:  # a runner thread writes a batch: one write at a time
                         wait, self._wakes_at = None, float("-inf")  # it notifies when done
-                    elif self._pending:
+                    elif self._pending and not self._writing:
                         now = time.monotonic()
                         wait = self._due_in(now)
                         if wait <= 0:
@@ -179,8 +192,12 @@ class Acker:
                             self._wakes_at = float("-inf")  # looks again after writing it
                             break
                         self._wakes_at = now + wait
-                    elif self._stopping:
+                    elif self._stopping and not self._writing:
                         return
+                    elif self._ticking:  # acks keep coming (or a batch is being written): look again in max_delay
+                        wait = self.max_delay
+                        self._wakes_at = time.monotonic() + wait
+                        self._ticking, self._added = self._added, False  # a tick with no add is the last
                     else:
                         wait, self._wakes_at = None, float("inf")
                     self._cond.wait(wait)

@@ -12,7 +12,6 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .._tracing import ExecutionSpan
@@ -25,26 +24,33 @@ from .outcomes import Outcome
 log = logging.getLogger("alkstore_sa")
 
 
-@dataclass
 class Work:
-    """One claimed job on its way through the runner."""
+    """One claimed job on its way through the runner (a slotted class: one is made per job)."""
 
-    handle: JobHandle
-    context: dict[str, Any]  # the ``extra`` fields of every log record about the job
-    what: str  # "handler" or "task 'NAME'", for messages
-    call: Callable[[], Any] | None = None  # runs the handler or task; None when ``outcome`` is set
-    is_async: bool = False  # the call returns a coroutine for the worker's event loop
-    outcome: Outcome | None = None  # known without running anything
-    duration: float | None = None  # seconds the call ran (set by the runner; for metrics)
-    span: ExecutionSpan | None = None  # alkstore_sa.tracing: this execution's span, when traced
+    __slots__ = ("handle", "context", "what", "call", "is_async", "outcome", "duration", "span", "key")
+
+    def __init__(
+        self,
+        handle: JobHandle,
+        context: dict[str, Any],
+        what: str,
+        call: Callable[[], Any] | None = None,
+        is_async: bool = False,
+        outcome: Outcome | None = None,
+    ) -> None:
+        self.handle = handle
+        self.context = context  # the ``extra`` fields of every log record about the job
+        self.what = what  # "handler" or "task 'NAME'", for messages
+        self.call = call  # runs the handler or task; None when ``outcome`` is set
+        self.is_async = is_async  # the call returns a coroutine for the worker's event loop
+        self.outcome = outcome  # known without running anything
+        self.duration: float | None = None  # seconds the call ran (set by the runner; for metrics)
+        self.span: ExecutionSpan | None = None  # alkstore_sa.tracing: this execution's span, when traced
+        self.key: ClaimKey = claim_key(handle)  # its claim, as the heartbeat roster knows it
 
     @property
     def job(self) -> Job:
         return self.handle.job
-
-    @property
-    def key(self) -> ClaimKey:
-        return claim_key(self.handle)
 
 
 def is_async_callable(fn: object) -> bool:

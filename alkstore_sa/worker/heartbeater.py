@@ -24,7 +24,7 @@ def claim_key(h: JobHandle) -> ClaimKey:
     return (h.id, h._attempts)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     handle: JobHandle
     next_beat: float  # time.monotonic() of the next heartbeat
@@ -71,8 +71,7 @@ class Heartbeater:
     def lost(self, key: ClaimKey) -> bool:
         """Whether a heartbeat of this claim was refused (the claim lapsed, was cancelled or
         swept)."""
-        with self._lock:
-            entry = self._roster.get(key)
+        entry = self._roster.get(key)  # one dict read: atomic, no lock needed
         return entry is not None and entry.lost
 
     def _loop(self) -> None:

@@ -72,7 +72,7 @@ def outcome_of(work: Work) -> Outcome:
         return _raised(work, exc)
     finally:
         work.duration = time.perf_counter() - started  # the handler's run time (metrics)
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):
         message = _discard_awaitable(work.what, result)
         log.warning("job %s of %r: %s", work.handle.id, work.handle._queue.name, message, extra=work.context)
         return Outcome("retry", message)
