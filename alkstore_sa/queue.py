@@ -248,25 +248,9 @@ class Queue:
         return landed
 
     def _ack_claims(self, handles: list[JobHandle]) -> set[tuple[int, int]]:
-        """Ack each handle under its own claim, in one statement, consuming them; the
-        (id, attempt) claims that landed. The worker's batched acks: unlike ``ack_batch`` it
-        says which handles landed, so each job's outcome is known exactly."""
-        self.store._check_open()
-        if any(h.consumed for h in handles):
-            raise HandleConsumed()
-        for h in handles:
-            h._consume()
-        if not handles:
-            return set()
-        claims = sorted({(h.id, h._attempts) for h in handles})
-        params = {
-            "queue": self.name, "ids": [c[0] for c in claims], "attempts": [c[1] for c in claims],
-            "now": self.store.now(),
-        }
-        # Retried once after a disconnect, like JobHandle.ack: a repeat can only act on the
-        # same claims, so it deletes nothing the first attempt would not have.
-        with self.store.executor(retry=True) as ex:
-            return set(self.store.backend.ack_claims(ex, params))
+        """Ack each handle of this queue under its own claim, in one statement (see
+        ``ack_claims``)."""
+        return ack_claims(self.store, handles, self.name)
 
     def cancel(self, job_id: int) -> bool:
         """Delete a live job of this queue, pending or processing (not an interrupt)."""
@@ -342,6 +326,27 @@ class Queue:
             )
         age = None if oldest is None else max(0.0, now - oldest)
         return QueueStats(pending=pending, ready=ready, processing=processing, dead=dead, oldest_ready_age=age)
+
+
+def ack_claims(store: Store, handles: list[JobHandle], queue: str | None) -> set[tuple[int, int]]:
+    """Ack each handle under its own claim, in one statement, consuming them; the
+    (id, attempt) claims that landed. Only jobs of ``queue`` are acked, or of any queue when
+    it is None: the claim alone is what the single ack checks (the worker writes the acks
+    of all its queues together). Unlike ``ack_batch`` it says which handles landed, so each
+    job's outcome is known exactly."""
+    store._check_open()
+    if any(h.consumed for h in handles):
+        raise HandleConsumed()
+    for h in handles:
+        h._consume()
+    if not handles:
+        return set()
+    claims = sorted({(h.id, h._attempts) for h in handles})
+    params = {"queue": queue, "ids": [c[0] for c in claims], "attempts": [c[1] for c in claims], "now": store.now()}
+    # Retried once after a disconnect, like JobHandle.ack: a repeat can only act on the
+    # same claims, so it deletes nothing the first attempt would not have.
+    with store.executor(retry=True) as ex:
+        return set(store.backend.ack_claims(ex, params))
 
 
 class JobHandle:

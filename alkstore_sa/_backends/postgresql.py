@@ -429,6 +429,8 @@ class PostgresBackend(Backend):
         return ex.rowcount(sql, params)
 
     def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
+        by_queue = params["queue"] is not None
+
         def build() -> sa.Executable:
             # two set-returning calls in one select list run in lockstep: the (id, attempts)
             # pairs (the multi-argument unnest() in FROM is syntax that cannot be written
@@ -438,11 +440,12 @@ class PostgresBackend(Backend):
                 sa.func.unnest(bp("attempts", postgresql.ARRAY(sa.Integer))),
             )
             return (
-                self._ack_batch(sa.tuple_(jobs.c.id, jobs.c.attempts).in_(pairs))
+                self._ack_batch(sa.tuple_(jobs.c.id, jobs.c.attempts).in_(pairs), by_queue=by_queue)
                 .returning(jobs.c.id, jobs.c.attempts)
             )
 
-        return [(r[0], r[1]) for r in ex.rows(self.sql("ack_claims", build), params)]
+        key = "ack_claims" if by_queue else "ack_claims:any"
+        return [(r[0], r[1]) for r in ex.rows(self.sql(key, build), params)]
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         def build() -> sa.Executable:

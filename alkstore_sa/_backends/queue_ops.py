@@ -323,16 +323,16 @@ class QueueOps(Core):
     @abc.abstractmethod
     def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
         """Delete each job of ``:ids`` still under the claim of the matching ``:attempts``
-        (processing, unexpired, in ``:queue``): the batch form of the handle's ack. Returns
-        the (id, attempts) claims it deleted, so a caller knows which acks landed."""
+        (processing, unexpired, in ``:queue`` — or in any queue when ``:queue`` is None:
+        the claim alone is the single ack's validity predicate): the batch form of the
+        handle's ack. Returns the (id, attempts) claims it deleted, so a caller knows which
+        acks landed."""
 
-    def _ack_batch(self, id_match: sa.ColumnElement[bool]) -> sa.Delete:
-        return sa.delete(jobs).where(
-            id_match,
-            jobs.c.queue == bp("queue", sa.Text),
-            jobs.c.state == PROCESSING,
-            jobs.c.claim_expires_at > self.now(),
-        )
+    def _ack_batch(self, id_match: sa.ColumnElement[bool], *, by_queue: bool = True) -> sa.Delete:
+        where = [id_match, jobs.c.state == PROCESSING, jobs.c.claim_expires_at > self.now()]
+        if by_queue:
+            where.append(jobs.c.queue == bp("queue", sa.Text))
+        return sa.delete(jobs).where(*where)
 
     def cancel(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         sql = self.sql(

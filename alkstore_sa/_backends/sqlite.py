@@ -280,23 +280,28 @@ class SQLiteBackend(Backend):
         return ex.rowcount(self.sql("ack_batch", build), {**params, "ids": json.dumps(params["ids"])})
 
     def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
+        by_queue = params["queue"] is not None
+
         def build() -> sa.Executable:
             ids = sa.func.json_each(bp("ids", sa.Text)).table_valued("value")
             claims = sa.func.json_each(bp("claims", sa.Text)).table_valued("value")
             # each claim as one text value, 'id:attempt': a plain IN over one json_each,
             # cheaper than pairs of json_extract() matched as row values
             claim = _NoIndex(jobs.c.id).concat(sa.literal_column("':'")).concat(_NoIndex(jobs.c.attempts))
-            return sa.delete(jobs).where(
+            where = [
                 jobs.c.id.in_(sa.select(ids.c.value)),  # the primary key drives it (see ack_batch)
                 claim.in_(sa.select(claims.c.value)),
-                _NoIndex(jobs.c.queue) == bp("queue", sa.Text),
                 _NoIndex(jobs.c.state) == PROCESSING,
                 _NoIndex(jobs.c.claim_expires_at) > self.now(),
-            ).returning(jobs.c.id, jobs.c.attempts)
+            ]
+            if by_queue:
+                where.append(_NoIndex(jobs.c.queue) == bp("queue", sa.Text))
+            return sa.delete(jobs).where(*where).returning(jobs.c.id, jobs.c.attempts)
 
         ids, attempts = params["ids"], params["attempts"]
         claims = json.dumps([f"{i}:{a}" for i, a in zip(ids, attempts, strict=True)])
-        rows = ex.rows(self.sql("ack_claims", build), {**params, "ids": json.dumps(ids), "claims": claims})
+        key = "ack_claims" if by_queue else "ack_claims:any"
+        rows = ex.rows(self.sql(key, build), {**params, "ids": json.dumps(ids), "claims": claims})
         return [(r[0], r[1]) for r in rows]
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:

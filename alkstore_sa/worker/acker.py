@@ -1,7 +1,7 @@
 """Batched acks: the acks of jobs that finish close together are written as one statement
-per queue (``Queue._ack_claims``), each row still fenced by its own job's claim — id and
-attempt, processing, deadline not passed: the single ack's predicate — so an ack whose
-claim lapsed meanwhile is not applied while the rest of its batch is.
+(``queue.ack_claims``), whatever queues they are of, each row still fenced by its own job's
+claim — id and attempt, processing, deadline not passed: the single ack's predicate — so an
+ack whose claim lapsed meanwhile is not applied while the rest of its batch is.
 
 A job whose handler or task returned is handed here (``add``) and keeps its slot. The
 pending acks are written once
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..queue import JobHandle
+from ..queue import JobHandle, ack_claims
 from .outcomes import ACK, Outcome
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ class Acker:
             self._write_taken(batch)
 
     def _settle(self, batch: list[_Pending]) -> None:
-        """Write the batch (one statement per queue), record each job's outcome, then free
+        """Write the batch (one statement), record each job's outcome, then free
         the batch's slots together."""
         works = [p.work for p in batch]
         try:
@@ -219,23 +219,17 @@ class Acker:
 
     @staticmethod
     def _write(works: list[Work]) -> dict[int, Answer]:
-        """Each work's answer (keyed by ``id(work)``), one statement per queue."""
-        by_queue: dict[str, list[Work]] = {}
-        for w in works:
-            by_queue.setdefault(w.handle._queue.name, []).append(w)
-        answers: dict[int, Answer] = {}
-        for group in by_queue.values():
-            handles = [w.handle for w in group]
-            try:
-                landed = handles[0]._queue._ack_claims(handles)
-            except Exception as exc:  # noqa: BLE001 - each job's outcome says it failed
-                answer = _raising(exc)
-                for w in group:
-                    answers[id(w)] = answer
-                continue
-            for w in group:
-                answers[id(w)] = _landed if (w.handle.id, w.handle._attempts) in landed else _refused
-        return answers
+        """Each work's answer (keyed by ``id(work)``): one statement for the whole batch,
+        whatever queues its jobs are of (each row is fenced by its own claim)."""
+        if not works:
+            return {}
+        handles = [w.handle for w in works]
+        try:
+            landed = ack_claims(handles[0]._queue.store, handles, None)
+        except Exception as exc:  # noqa: BLE001 - each job's outcome says it failed
+            answer = _raising(exc)
+            return {id(w): answer for w in works}
+        return {id(w): _landed if (w.handle.id, w.handle._attempts) in landed else _refused for w in works}
 
 
 def _landed(_h: JobHandle) -> bool:

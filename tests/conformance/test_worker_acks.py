@@ -120,6 +120,55 @@ def test_jobs_finishing_together_are_acked_in_one_statement(
     store.close()
 
 
+def test_jobs_of_several_queues_finishing_together_are_acked_in_one_statement(
+    db: Target, qname: str, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
+) -> None:
+    """The batch is not split by queue: the claim fences each row on its own."""
+    monkeypatch.setattr(acker, "MAX_DELAY", 60.0)
+    store = db.store()
+    statements = Statements(store, monkeypatch)
+    tasks = alk.Tasks()
+    queues = [f"{qname}-{k}" for k in range(4)]
+    ran: list[int] = []
+    together = threading.Barrier(8, timeout=WAIT)  # every job in flight before any finishes
+
+    def noop(i: int) -> None:
+        together.wait()
+        ran.append(i)
+
+    per_queue = [tasks.task(queue=q, name=f"noop-{k}")(noop) for k, q in enumerate(queues)]
+    ids = [per_queue[i % 4].enqueue(store, i) for i in range(8)]
+    worker = alk.Worker(store, tasks, concurrency=8, queues=queues)
+    _burst(worker)
+
+    assert sorted(ran) == list(range(8))
+    assert statements.single == 0
+    asked = [a for a, _ in statements.batches]
+    assert sorted(c for a in asked for c in a) == sorted((i, 1) for i in ids)
+    # all eight in flight, then all waiting for their acks: one batch of four queues
+    assert len(statements.batches) == 1
+    assert sorted(statements.batches[0][1]) == sorted((i, 1) for i in ids)
+    assert outcomes.landed == Counter({observe.ACKED: 8})
+    assert all(_left(db, q) == 0 for q in queues)
+    store.close()
+
+
+def test_a_queue_acks_only_its_own_claims(db: Target, qname: str) -> None:
+    """``Queue._ack_claims`` (and so ``ack_batch`` of handles) is fenced by its queue as
+    well: a handle of another queue is consumed there but its job stays claimed."""
+    store = db.store()
+    mine, other = store.queue(qname), store.queue(qname + "-other")
+    mine.enqueue("a")
+    other.enqueue("b")
+    h_mine, h_other = mine.claim_one("w"), other.claim_one("w")
+    assert h_mine is not None and h_other is not None
+    landed = mine._ack_claims([h_mine, h_other])
+    assert landed == {(h_mine.id, 1)}
+    job = other.get_job(h_other.id)
+    assert job is not None and job.state == "processing"
+    store.close()
+
+
 def test_a_lapsed_claim_is_not_acked_while_the_rest_of_its_batch_is(
     db: Target, qname: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
 ) -> None:
