@@ -12,7 +12,7 @@ import select
 import socket
 import struct
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,6 +24,7 @@ from ..schema import JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
 from .base import Backend
 from .pg_dialect import CATALOG_DIALECTS, driver_of_dialect
 from .pg_wire import WAKE_BARRIER_CLASS, WAKE_PRESENCE_CLASS
+from .queue_ops import Turn, claim_in_turn
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, Executor, arg, bp
 
 # sqlstates: undefined_table, invalid_schema_name
@@ -329,6 +330,12 @@ class PostgresBackend(Backend):
 
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         return ex.rows(self.sql("claim", lambda: self._claim_statement(guarded=True)), params)
+
+    def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
+        # each claim stays one atomic statement of its own (autocommit), on one connection
+        return claim_in_turn(
+            turns, budget, lambda p: self.claim(ex, p), lambda p: self.queue_settings_get(ex, p) is not None
+        )
 
     def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         return ex.rows(self.sql("claim:limited", lambda: self._claim_statement(guarded=False)), params)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,6 +43,35 @@ class _KeyHeld(Exception):
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
+
+
+
+Turn = tuple[int, "list[tuple[Any, ...]] | None"]
+"""One queue's turn: the ``n`` it claimed with, and its rows (None: it has settings)."""
+
+
+def claim_in_turn(
+    turns: Sequence[Mapping[str, Any]],
+    budget: int,
+    claim: Callable[[Mapping[str, Any]], list[tuple[Any, ...]]],
+    has_settings: Callable[[Mapping[str, Any]], bool],
+) -> list[Turn]:
+    """Claim each turn's queue (its params, with ``:n`` at most what is left of ``budget``)
+    until the budget is spent; one result per turn taken. A queue whose guarded claim came
+    back empty because it has settings gives None: it is claimed by ``claim_limited``."""
+    taken: list[Turn] = []
+    for params in turns:
+        if budget <= 0:
+            break
+        n = min(params["n"], budget)
+        turn = {**params, "n": n}
+        rows = claim(turn)
+        if not rows and has_settings(turn):
+            taken.append((n, None))
+            continue
+        taken.append((n, rows))
+        budget -= len(rows)
+    return taken
 
 
 class QueueOps(Core):
@@ -182,6 +211,11 @@ class QueueOps(Core):
     @abc.abstractmethod
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Move exhausted reclaimables to dead, then claim up to ``:n`` jobs, atomically."""
+
+    @abc.abstractmethod
+    def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
+        """Claim from several queues in turn (``claim_in_turn``): SQLite in one
+        transaction, PostgreSQL one claim statement each on the same connection."""
 
     def _priorities(
         self, t: Any = jobs, *, nesting: bool = False, now: Any = None, capped: bool = False

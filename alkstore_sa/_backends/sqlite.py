@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,6 +16,7 @@ from sqlalchemy.ext.compiler import compiles
 
 from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications, queue_settings, stream_events
 from .base import Backend
+from .queue_ops import Turn, claim_in_turn
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, PROCESSING, ZERO, Executor, bp
 
 
@@ -205,6 +206,14 @@ class SQLiteBackend(Backend):
 
     def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         return self._claim_steps(ex, params, guarded=False)
+
+    def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
+        # one BEGIN IMMEDIATE for every queue's claim: the writer lock is taken once
+        with ex.transaction():
+            return claim_in_turn(
+                turns, budget, lambda p: self._claim_steps(ex, p, guarded=True),
+                lambda p: self.queue_settings_get(ex, p) is not None,
+            )
 
     def _claim_steps(self, ex: Executor, params: Mapping[str, Any], *, guarded: bool) -> list[tuple[Any, ...]]:
         """Bury the exhausted reclaimables, then claim (inside the caller's transaction).

@@ -11,9 +11,10 @@ How it chooses, each round (docs/worker.md, "Several queues"):
   first in the previous round, and the free slots are split evenly between them (the
   first ones in that order get the remainder). With fewer free slots than ready queues,
   the queues take **turns**: the first in that order takes up to ``batch_size`` of the
-  free slots, the next one up to ``batch_size`` of what is left, and so on; the next
-  round starts after the last one served. So 1,000 queues of a few jobs each cost about
-  one claim statement per turn, not one per job;
+  free slots, the next one up to ``batch_size`` of what is left (a queue short of its turn
+  leaves the rest to the next at once), and so on, all in one ``claim_turns`` call (one
+  SQLite transaction); the next round starts after the last one served. So 1,000 queues
+  of a few jobs each cost about one claim statement per turn, not one per job;
 - each queue's share is claimed with one ``claim_batch`` (at most ``batch_size``). A claim
   that comes back short puts its queue to sleep until a wake, its next due job (one
   ``next_due`` query) or the re-poll; slots it left unused go to the other queues in the
@@ -47,7 +48,7 @@ from collections.abc import Callable
 
 from .._limits import limit_wait
 from ..errors import AlkstoreError
-from ..queue import JobHandle, Queue
+from ..queue import JobHandle, Queue, claim_turns
 from ..stop import StopToken
 
 log = logging.getLogger("alkstore_sa")
@@ -259,6 +260,9 @@ class Claimer:
     def _round(self, ready: list[_Source], free: int, *, clean: bool) -> None:
         """Share ``free`` slots out over the ready queues and claim each share. ``clean``:
         nothing is in flight, so an empty claim proves the queue drained (for burst)."""
+        if len(ready) > free and not any(s.queue.name in s.queue.store._limited_queues for s in ready):
+            self._turns(ready, free, clean=clean)
+            return
         shares = self._shares(ready, free)
         # next round: after the first queue of this one; when queues outnumber the free
         # slots, after the last one served (the others go first next round)
@@ -272,28 +276,64 @@ class Claimer:
             try:
                 handles = s.queue.claim_batch(self.worker_id, want)
             except AlkstoreError as exc:
-                s.woken = True  # try again once the backoff is over
-                s.not_before = time.monotonic() + s.outage.failed(exc)
+                self._failed(s, exc)
                 continue
-            s.not_before = 0.0
-            s.outage.recovered()
-            if handles:
-                self._start(handles)
-                clean = False
-                self._drained.clear()  # jobs run now may enqueue more anywhere
-            if len(handles) == want:
-                s.woken = True  # a full batch: there may be more
+            clean = self._claimed(s, want, handles, finishes, clean)
+
+    def _turns(self, ready: list[_Source], free: int, *, clean: bool) -> None:
+        """Queues outnumber the free slots: they take turns in one call (``claim_turns``),
+        each up to ``batch_size`` of what is left, so a queue holding fewer jobs than its turn
+        leaves the rest to the next one at once (one SQLite transaction for them all). The
+        next round starts after the last queue served."""
+        for s in ready:
+            s.woken = False  # cleared before the claim: a wake that comes during it is kept
+        finishes = [s.finishes for s in ready]
+        try:
+            taken = claim_turns(ready[0].queue.store, self.worker_id, [s.queue for s in ready], self.batch_size, free)
+        except AlkstoreError as exc:
+            for s in ready:
+                self._failed(s, exc)
+            return
+        served = ready[len(taken) - 1] if taken else ready[0]
+        self._next = (self._index[served.queue.name] + 1) % len(self.sources)
+        for s in ready[len(taken):]:
+            s.woken = True  # not reached: the budget was spent before its turn
+        left = free
+        for s, handles, done in zip(ready, taken, finishes, strict=False):
+            want = min(self.batch_size, left)
+            if handles is None:
+                s.woken = True  # it has settings: claimed through its limits next round
+                continue
+            left -= len(handles)
+            clean = self._claimed(s, want, handles, done, clean)
+
+    def _failed(self, s: _Source, exc: AlkstoreError) -> None:
+        s.woken = True  # try again once the backoff is over
+        s.not_before = time.monotonic() + s.outage.failed(exc)
+
+    def _claimed(self, s: _Source, want: int, handles: list[JobHandle], finishes: int, clean: bool) -> bool:
+        """Deal with one queue's claim of up to ``want`` jobs (``finishes``: its count of
+        our finished jobs before the claim); whether the round is still clean."""
+        s.not_before = 0.0
+        s.outage.recovered()
+        if handles:
+            self._start(handles)
+            clean = False
+            self._drained.clear()  # jobs run now may enqueue more anywhere
+        if len(handles) == want:
+            s.woken = True  # a full batch: there may be more
+        else:
+            s.due = time.monotonic() + self._idle_wait(s)
+            if s.capped and s.finishes != finishes:
+                s.woken = True  # one of ours finished while the limit was being read
+            if clean:
+                self._drained.add(s)
             else:
-                s.due = time.monotonic() + self._idle_wait(s)
-                if s.capped and s.finishes != finishes:
-                    s.woken = True  # one of ours finished while the limit was being read
-                if clean:
-                    self._drained.add(s)
-                else:
-                    self._drained.discard(s)
-                # waiting from now on; the hub wakes the queue once more when its presence
-                # is settled, for the enqueues that looked before it was taken
-                self.advertise(s.queue.name)
+                self._drained.discard(s)
+            # waiting from now on; the hub wakes the queue once more when its presence
+            # is settled, for the enqueues that looked before it was taken
+            self.advertise(s.queue.name)
+        return clean
 
     def _sleep(self, free: int) -> float:
         """Seconds until a queue becomes ready (at most poll_interval); with no free slot,

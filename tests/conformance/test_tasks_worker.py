@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import alkstore_sa as alk
+from alkstore_sa.worker import claimer
 from tests.conformance.test_worker import running
 from tests.support import WAIT, FakeClock, wait_for
 
@@ -529,9 +530,9 @@ def test_an_async_task_past_the_grace_period_is_cancelled_and_left_to_lapse(
 # -- fairness: a busy queue does not starve a quiet one ---------------------------------------
 
 
-def _record_claims(worker: alk.Worker) -> list[tuple[str, int]]:
-    """Wrap each of the worker's queue handles so every claim it makes is recorded, in
-    order, as (queue, jobs claimed)."""
+def _record_claims(worker: alk.Worker, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Wrap each of the worker's queue handles, and the claim of queues taking turns, so
+    every claim it makes is recorded, in order, as (queue, jobs claimed)."""
     claims: list[tuple[str, int]] = []
     for q in worker.queues:
 
@@ -541,6 +542,14 @@ def _record_claims(worker: alk.Worker) -> list[tuple[str, int]]:
             return handles
 
         q.claim_batch = counted  # type: ignore[method-assign]
+    turns = claimer.claim_turns
+
+    def counted_turns(store: alk.Store, worker_id: str, queues: list[alk.Queue], want: int, budget: int) -> Any:
+        taken = turns(store, worker_id, queues, want, budget)
+        claims.extend((q.name, len(handles)) for q, handles in zip(queues, taken, strict=False) if handles is not None)
+        return taken
+
+    monkeypatch.setattr(claimer, "claim_turns", counted_turns)
     return claims
 
 
@@ -583,7 +592,7 @@ def quiet_wakes(store: alk.Store) -> Iterator[Callable[[str], threading.Event]]:
 @pytest.mark.parametrize("busy_first", [True, False], ids=["busy-listed-first", "quiet-listed-first"])
 def test_a_busy_queue_does_not_starve_a_quiet_one(
     store: alk.Store, qname: str, busy_first: bool, concurrency: int,
-    quiet_wakes: Callable[[str], threading.Event],
+    quiet_wakes: Callable[[str], threading.Event], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The busy queue holds every slot when a job arrives on the quiet one; from then on,
     the quiet queue's job is claimed in the first round that has a free slot (with one
@@ -597,7 +606,7 @@ def test_a_busy_queue_does_not_starve_a_quiet_one(
         tasks.task(queue=queue, name=name)(body)
     store.queue(busy_q).enqueue_many([{"task": "busy", "args": [n], "kwargs": {}} for n in range(500)])
     w = alk.Worker(store, tasks, concurrency=concurrency, poll_interval=3600)
-    claims = _record_claims(w)
+    claims = _record_claims(w, monkeypatch)
     with running(w) as r:
         wait_for(lambda: len(started) == concurrency, "the busy queue to fill every slot")
         woken = quiet_wakes(quiet_q)
@@ -612,7 +621,9 @@ def test_a_busy_queue_does_not_starve_a_quiet_one(
 
 
 @pytest.mark.parametrize("busy_first", [True, False], ids=["busy-listed-first", "quiet-listed-first"])
-def test_free_slots_are_split_between_ready_queues(store: alk.Store, qname: str, busy_first: bool) -> None:
+def test_free_slots_are_split_between_ready_queues(
+    store: alk.Store, qname: str, busy_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A backlog, and one job enqueued after it on another queue: both are ready at start,
     and the first round splits the free slots, so the later job is claimed in it."""
     tasks = alk.Tasks()
@@ -623,13 +634,15 @@ def test_free_slots_are_split_between_ready_queues(store: alk.Store, qname: str,
     store.queue(busy_q).enqueue_many([{"task": "busy", "args": [], "kwargs": {}}] * 100)
     tasks["quiet"].enqueue(store)
     w = alk.Worker(store, tasks, concurrency=4, poll_interval=0.2)
-    claims = _record_claims(w)
+    claims = _record_claims(w, monkeypatch)
     w.run(burst=True)
     assert _claimed_before(claims, quiet_q) <= 2, claims[:6]  # half the slots at most
     assert sum(n for _, n in claims) == 101
 
 
-def test_queues_outnumbering_free_slots_take_turns_with_batched_claims(store: alk.Store, qname: str) -> None:
+def test_queues_outnumbering_free_slots_take_turns_with_batched_claims(
+    store: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Many queues with a few jobs each and few slots: each turn claims up to the free slots
     from one queue (one statement), not one job per queue per statement; every job runs."""
     names = [f"{qname}-{i:02d}" for i in range(20)]
@@ -637,12 +650,68 @@ def test_queues_outnumbering_free_slots_take_turns_with_batched_claims(store: al
         store.queue(name).enqueue_many([{"n": n} for n in range(4)])
     ran: list[str] = []
     w = alk.Worker(store, names, lambda job: ran.append(job.queue), concurrency=4, poll_interval=0.2)
-    claims = _record_claims(w)
+    claims = _record_claims(w, monkeypatch)
     w.run(burst=True)
     assert sorted(ran) == sorted(names * 4)
     handing_out = [n for _, n in claims if n]
     # one job per statement would be 80 claims; turns of up to 4 need about 20-40
     assert len(handing_out) <= 40, claims
+
+
+def test_a_queue_short_of_its_turn_leaves_the_rest_to_the_next_in_the_same_call(
+    store: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Queues of one job each, four free slots: one claim call (one SQLite transaction) takes
+    a job from each of four queues, rather than one queue per round."""
+    names = [f"{qname}-{i:02d}" for i in range(20)]
+    for name in names:
+        store.queue(name).enqueue("x")
+    calls: list[list[int]] = []
+    turns = claimer.claim_turns
+
+    def counted(st: alk.Store, worker_id: str, queues: list[alk.Queue], want: int, budget: int) -> Any:
+        taken = turns(st, worker_id, queues, want, budget)
+        calls.append([len(h) for h in taken if h is not None])
+        return taken
+
+    monkeypatch.setattr(claimer, "claim_turns", counted)
+    ran: list[str] = []
+    w = alk.Worker(store, names, lambda job: ran.append(job.queue), concurrency=4, poll_interval=0.2)
+    w.run(burst=True)
+    assert sorted(ran) == sorted(names)
+    assert calls[0] == [1, 1, 1, 1]  # all twenty ready at start: the first four share the slots
+    handing_out = [c for c in calls if sum(c)]
+    assert len(handing_out) <= 10, calls  # twenty jobs, up to four a call (one queue per round: 20)
+
+
+def test_a_queue_with_settings_among_queues_taking_turns_is_claimed_within_its_limits(
+    store: alk.Store, qname: str
+) -> None:
+    """A queue found to have settings during a turn is left to its limited claim next round:
+    its jobs still run, within its concurrency limit."""
+    names = [f"{qname}-{i:02d}" for i in range(10)]
+    for name in names:
+        store.queue(name).enqueue_many([{"n": n} for n in range(3)])
+    limited = store.queue(names[0])
+    limited.set_concurrency(1)
+    live: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+
+    def handle(job: alk.Job) -> None:
+        if job.queue == limited.name:
+            with lock:
+                live.append(job.id)
+                most[0] = max(most[0], len(live))
+            time.sleep(0.01)
+            with lock:
+                live.remove(job.id)
+
+    ran: list[str] = []
+    w = alk.Worker(store, names, lambda job: (handle(job), ran.append(job.queue)), concurrency=4, poll_interval=0.05)
+    w.run(burst=True)
+    assert sorted(ran) == sorted(names * 3)
+    assert most[0] == 1
 
 
 # -- burst ------------------------------------------------------------------------------------
