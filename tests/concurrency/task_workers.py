@@ -83,3 +83,33 @@ def tasks_worker(spec: dict[str, Any]) -> dict[str, Any]:
         return {"processed": worker.processed, "seconds": time.monotonic() - started, "worker": me}
     finally:
         store.close()
+
+
+def many_queues_names(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}-mq-{i:03d}" for i in range(count)]
+
+
+def many_queues_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """A handler worker serving ``spec['queues']`` queues with fewer slots than queues (so its
+    rounds take turns, several queues per claim call) until they are all empty."""
+    store = alk.Store(spec["url"], schema=spec["schema"])
+    try:
+        me = f"{spec['name']}:{os.getpid()}"
+        Sink.engine, Sink.table, Sink.worker = store.engine, spec["table"], me
+        names = many_queues_names(spec["prefix"], spec["queues"])
+        queues = [store.queue(name) for name in names]
+
+        def handle(job: alk.Job) -> None:
+            Sink.record(True)
+
+        worker = alk.Worker(store, names, handle, concurrency=spec["concurrency"], worker_id=me, poll_interval=1.0)
+
+        def empty() -> bool:
+            return all((s := q.stats()).pending == 0 and s.processing == 0 for q in queues)
+
+        stop = alk.StopToken()
+        _stop_when(stop, empty, spec["max_seconds"], every=0.2)
+        worker.run(stop)
+        return {"processed": worker.processed, "worker": me}
+    finally:
+        store.close()

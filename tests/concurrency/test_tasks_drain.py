@@ -64,3 +64,40 @@ def test_two_tasks_worker_processes_drain_two_queues_exactly_once(
     assert sum(r["processed"] for r in results) == len(runs)  # every outcome recorded once
     assert {r[2] for r in runs} == {r["worker"] for r in results}, "both processes took part"
     assert [(s.pending, s.processing, s.dead) for s in stats] == [(0, 0, 0)] * 2
+
+
+@pytest.mark.slow
+def test_worker_processes_taking_turns_over_many_queues_run_each_job_once(
+    db: Target, qname: str, tmp_path: Path
+) -> None:
+    """Three worker processes, each serving 60 queues with 4 slots (so every round takes
+    turns: several queues per claim call, one transaction on SQLite), race over 1,500 jobs:
+    each claim ran once, each job once, none lost."""
+    table = db.table("mq_" + hashlib.sha1(qname.encode()).hexdigest()[:10])
+    db.execute(f"CREATE TABLE {table} (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, worker TEXT NOT NULL, ok INTEGER NOT NULL)")
+    store = db.store()
+    names = task_workers.many_queues_names(qname, 60)
+    try:
+        ids: set[int] = set()
+        for name in names:
+            ids.update(store.queue(name).enqueue_many([{"n": i} for i in range(25)]))
+        specs = [
+            {"url": db.url, "schema": db.schema, "prefix": qname, "table": table, "name": f"w{i}",
+             "queues": len(names), "concurrency": 4, "max_seconds": 100}
+            for i in range(3)
+        ]
+        results = harness.run(task_workers.many_queues_worker, specs, tmp_path, timeout=130)
+        with db.engine.connect() as c:
+            runs = c.execute(sa.text(f"SELECT job_id, attempt, worker, ok FROM {table}")).all()
+        stats = [store.queue(name).stats() for name in names]
+    finally:
+        store.close()
+        db.execute(f"DROP TABLE {table}")
+
+    per_job = Counter(r[0] for r in runs)
+    assert set(per_job) == ids, f"never ran: {sorted(ids - set(per_job))[:10]}"
+    assert set(per_job.values()) == {1}, {k: n for k, n in per_job.items() if n > 1}
+    assert {r[1] for r in runs} == {1}  # no claim lapsed: every job ran at its first attempt
+    assert sum(r["processed"] for r in results) == len(ids)
+    assert len({r[2] for r in runs}) == 3, "every process took part"
+    assert all((s.pending, s.processing, s.dead) == (0, 0, 0) for s in stats)
