@@ -328,10 +328,12 @@ class Queue:
         return QueueStats(pending=pending, ready=ready, processing=processing, dead=dead, oldest_ready_age=age)
 
 
-def claim_turns(store: Store, worker_id: str, queues: list[Queue], want: int, budget: int) -> list[list[JobHandle] | None]:
+def claim_turns(
+    store: Store, worker_id: str, queues: list[Queue], want: int, budget: int
+) -> list[tuple[int, list[JobHandle] | None]]:
     """Claim from ``queues`` in turn — each up to ``want`` jobs and what is left of
-    ``budget`` — until the budget is spent: one result per queue reached, in order (None: the
-    queue has settings, claim it with ``claim_batch``). The worker's round when its queues
+    ``budget`` — until the budget is spent: one (n claimed with, handles) per queue reached,
+    in order (handles None: the queue has settings, claim it with ``claim_batch``). The worker's round when its queues
     outnumber its free slots: a queue with fewer jobs than its share leaves the rest to the
     next one in the same call, one transaction on SQLite. None of the queues may be known to
     have settings (``store._limited_queues``)."""
@@ -343,14 +345,14 @@ def claim_turns(store: Store, worker_id: str, queues: list[Queue], want: int, bu
     # only the statement that failed runs again; a lost claim lapses after its timeout.
     with store.executor(retry=True) as ex:
         taken = store.backend.claim_turns(ex, turns, budget)
-    out: list[list[JobHandle] | None] = []
-    for q, (_n, rows) in zip(queues, taken, strict=False):
+    out: list[tuple[int, list[JobHandle] | None]] = []
+    for q, (asked, rows) in zip(queues, taken, strict=False):
         if rows is None:
             store._limited_queues.add(q.name)
-            out.append(None)
+            out.append((asked, None))
             continue
         sort_claim_order(rows)
-        out.append([JobHandle(q, r) for r in rows])
+        out.append((asked, [JobHandle(q, r) for r in rows]))
     return out
 
 

@@ -45,7 +45,6 @@ class _KeyHeld(Exception):
         self.job_id = job_id
 
 
-
 Turn = tuple[int, "list[tuple[Any, ...]] | None"]
 """One queue's turn: the ``n`` it claimed with, and its rows (None: it has settings)."""
 

@@ -294,17 +294,14 @@ class Claimer:
             for s in ready:
                 self._failed(s, exc)
             return
-        served = ready[len(taken) - 1] if taken else ready[0]
+        served = ready[len(taken) - 1]  # free > 0: at least one turn was taken
         self._next = (self._index[served.queue.name] + 1) % len(self.sources)
         for s in ready[len(taken):]:
             s.woken = True  # not reached: the budget was spent before its turn
-        left = free
-        for s, handles, done in zip(ready, taken, finishes, strict=False):
-            want = min(self.batch_size, left)
+        for s, (want, handles), done in zip(ready, taken, finishes, strict=False):
             if handles is None:
                 s.woken = True  # it has settings: claimed through its limits next round
                 continue
-            left -= len(handles)
             clean = self._claimed(s, want, handles, done, clean)
 
     def _failed(self, s: _Source, exc: AlkstoreError) -> None:

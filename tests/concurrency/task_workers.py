@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -62,16 +63,15 @@ def registry(prefix: str) -> alk.Tasks:
     return tasks
 
 
-def tasks_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Serve the registry's two queues with ``spec['concurrency']`` until they are all
-    empty (nothing pending or processing)."""
+def _serve_until_empty(spec: dict[str, Any], build: Callable[[alk.Store, str], tuple[alk.Worker, list[str]]]) -> dict[str, Any]:
+    """Record runs in the spec's table and run the worker ``build(store, worker_id)`` makes
+    until its queues are all empty (nothing pending or processing)."""
     store = alk.Store(spec["url"], schema=spec["schema"])
     try:
         me = f"{spec['name']}:{os.getpid()}"
         Sink.engine, Sink.table, Sink.worker = store.engine, spec["table"], me
-        tasks = registry(spec["prefix"])
-        queues = [store.queue(name) for name in tasks.queues()]
-        worker = alk.Worker(store, tasks, concurrency=spec["concurrency"], worker_id=me, poll_interval=1.0)
+        worker, names = build(store, me)
+        queues = [store.queue(name) for name in names]
 
         def empty() -> bool:
             return all((s := q.stats()).pending == 0 and s.processing == 0 for q in queues)
@@ -85,6 +85,17 @@ def tasks_worker(spec: dict[str, Any]) -> dict[str, Any]:
         store.close()
 
 
+def tasks_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Serve the registry's two queues with ``spec['concurrency']`` until they are empty."""
+
+    def build(store: alk.Store, me: str) -> tuple[alk.Worker, list[str]]:
+        tasks = registry(spec["prefix"])
+        worker = alk.Worker(store, tasks, concurrency=spec["concurrency"], worker_id=me, poll_interval=1.0)
+        return worker, tasks.queues()
+
+    return _serve_until_empty(spec, build)
+
+
 def many_queues_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-mq-{i:03d}" for i in range(count)]
 
@@ -92,24 +103,13 @@ def many_queues_names(prefix: str, count: int) -> list[str]:
 def many_queues_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """A handler worker serving ``spec['queues']`` queues with fewer slots than queues (so its
     rounds take turns, several queues per claim call) until they are all empty."""
-    store = alk.Store(spec["url"], schema=spec["schema"])
-    try:
-        me = f"{spec['name']}:{os.getpid()}"
-        Sink.engine, Sink.table, Sink.worker = store.engine, spec["table"], me
+
+    def handle(job: alk.Job) -> None:
+        Sink.record(True)
+
+    def build(store: alk.Store, me: str) -> tuple[alk.Worker, list[str]]:
         names = many_queues_names(spec["prefix"], spec["queues"])
-        queues = [store.queue(name) for name in names]
-
-        def handle(job: alk.Job) -> None:
-            Sink.record(True)
-
         worker = alk.Worker(store, names, handle, concurrency=spec["concurrency"], worker_id=me, poll_interval=1.0)
+        return worker, names
 
-        def empty() -> bool:
-            return all((s := q.stats()).pending == 0 and s.processing == 0 for q in queues)
-
-        stop = alk.StopToken()
-        _stop_when(stop, empty, spec["max_seconds"], every=0.2)
-        worker.run(stop)
-        return {"processed": worker.processed, "worker": me}
-    finally:
-        store.close()
+    return _serve_until_empty(spec, build)

@@ -546,7 +546,7 @@ def _record_claims(worker: alk.Worker, monkeypatch: pytest.MonkeyPatch) -> list[
 
     def counted_turns(store: alk.Store, worker_id: str, queues: list[alk.Queue], want: int, budget: int) -> Any:
         taken = turns(store, worker_id, queues, want, budget)
-        claims.extend((q.name, len(handles)) for q, handles in zip(queues, taken, strict=False) if handles is not None)
+        claims.extend((q.name, len(hs)) for q, (_n, hs) in zip(queues, taken, strict=False) if hs is not None)
         return taken
 
     monkeypatch.setattr(claimer, "claim_turns", counted_turns)
@@ -671,7 +671,7 @@ def test_a_queue_short_of_its_turn_leaves_the_rest_to_the_next_in_the_same_call(
 
     def counted(st: alk.Store, worker_id: str, queues: list[alk.Queue], want: int, budget: int) -> Any:
         taken = turns(st, worker_id, queues, want, budget)
-        calls.append([len(h) for h in taken if h is not None])
+        calls.append([len(hs) for _n, hs in taken if hs is not None])
         return taken
 
     monkeypatch.setattr(claimer, "claim_turns", counted)
