@@ -25,6 +25,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
+from alkstore_sa._backends.pg_wire import WAKE_PRESENCE_CLASS
 from tests.concurrency.test_wake import NO_POLL, PROMPT, IdleWorker
 from tests.support import Target
 
@@ -72,6 +73,16 @@ def test_enqueue_notifies_only_while_a_consumer_waits(
 
         def withdrawn() -> None:
             _until(lambda: key not in hub._held, "the wake did not withdraw the presence")
+
+        def released_on_the_server() -> None:
+            """The hub forgets a presence before its connection gives the lock back: wait
+            for the server to show it gone before an enqueue is expected to see nobody."""
+            presence = (
+                "SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND classid = %s::oid "
+                "AND objid::bigint = (pg_catalog.hashtext(%s)::bigint & 4294967295)"
+            )
+            _until(lambda: pg_listener.execute(presence, (WAKE_PRESENCE_CLASS, key)).fetchone() == (0,),
+                   "the presence lock was not given back")
 
         def enqueue_every_way() -> None:
             q.enqueue({"n": 1})
@@ -131,6 +142,7 @@ def test_enqueue_notifies_only_while_a_consumer_waits(
         # and a consumer that stops watching stops waiting
         hub.unwatch_queue(key, token)
         withdrawn()
+        released_on_the_server()
         q.enqueue({"n": "after unwatch"})
         assert _wakes(pg_listener) == 0
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import alkstore_sa as alk
-from alkstore_sa.worker import claimer
+from alkstore_sa.worker import acker, claimer
 from tests.conformance.test_worker import running
 from tests.support import WAIT, FakeClock, wait_for
 
@@ -675,8 +675,18 @@ def test_a_queue_short_of_its_turn_leaves_the_rest_to_the_next_in_the_same_call(
         return taken
 
     monkeypatch.setattr(claimer, "claim_turns", counted)
+    # the four jobs of a call finish together and are acked together (never by time), so
+    # all four slots come free at once: how many queues a call takes does not depend on
+    # how the machine schedules the worker's threads
+    monkeypatch.setattr(acker, "MAX_DELAY", 60.0)
+    together = threading.Barrier(4, timeout=WAIT)
     ran: list[str] = []
-    w = alk.Worker(store, names, lambda job: ran.append(job.queue), concurrency=4, poll_interval=0.2)
+
+    def handle(job: alk.Job) -> None:
+        together.wait()
+        ran.append(job.queue)
+
+    w = alk.Worker(store, names, handle, concurrency=4, poll_interval=0.2)
     w.run(burst=True)
     assert sorted(ran) == sorted(names)
     assert calls[0] == [1, 1, 1, 1]  # all twenty ready at start: the first four share the slots
