@@ -338,13 +338,44 @@ def claim_turns(
     next one in the same call, one transaction on SQLite. None of the queues may be known to
     have settings (``store._limited_queues``)."""
     store._check_open()
-    worker_id = v.worker_id(worker_id)
-    now, n = store.now(), min(want, v.INT32_MAX)
-    turns = [{"queue": q.name, "worker_id": worker_id, "n": n, "now": now} for q in queues]
+    turns = _turn_params(store, worker_id, queues, want)
     # Retried once after a disconnect, as claim_batch: outside a transaction (PostgreSQL)
     # only the statement that failed runs again; a lost claim lapses after its timeout.
     with store.executor(retry=True) as ex:
         taken = store.backend.claim_turns(ex, turns, budget)
+    return _turn_handles(store, queues, taken)
+
+
+def ack_and_claim_turns(
+    store: Store, handles: list[JobHandle], worker_id: str, queues: list[Queue], want: int, budget: int
+) -> tuple[set[tuple[int, int]], list[tuple[int, list[JobHandle] | None]]]:
+    """``ack_claims(store, handles, None)`` and then ``claim_turns``, in one transaction:
+    a worker's batch of acks written with the claim for the slots it frees, where the
+    backend says that is cheaper (``acks_ride_claims``). Both land or neither does; the
+    handles are consumed only once they did, so after an error they can still be acked
+    on their own."""
+    store._check_open()
+    if any(h.consumed for h in handles):
+        raise HandleConsumed()
+    acks = _ack_params(store, handles, None)
+    turns = _turn_params(store, worker_id, queues, want)
+    with store.executor() as ex:  # a transaction: never retried (SQLite cannot lose it anyway)
+        landed, taken = store.backend.ack_and_claim_turns(ex, acks, turns, budget)
+    for h in handles:
+        h._consume()
+    return set(landed), _turn_handles(store, queues, taken)
+
+
+def _turn_params(store: Store, worker_id: str, queues: list[Queue], want: int) -> list[dict[str, Any]]:
+    worker_id = v.worker_id(worker_id)
+    now, n = store.now(), min(want, v.INT32_MAX)
+    return [{"queue": q.name, "worker_id": worker_id, "n": n, "now": now} for q in queues]
+
+
+def _turn_handles(
+    store: Store, queues: list[Queue], taken: list[tuple[int, list[tuple[Any, ...]] | None]]
+) -> list[tuple[int, list[JobHandle] | None]]:
+    """Each turn's (n, handles); a queue found to have settings is remembered as limited."""
     out: list[tuple[int, list[JobHandle] | None]] = []
     for q, (asked, rows) in zip(queues, taken, strict=False):
         if rows is None:
@@ -369,12 +400,16 @@ def ack_claims(store: Store, handles: list[JobHandle], queue: str | None) -> set
         h._consume()
     if not handles:
         return set()
-    claims = sorted({(h.id, h._attempts) for h in handles})
-    params = {"queue": queue, "ids": [c[0] for c in claims], "attempts": [c[1] for c in claims], "now": store.now()}
+    params = _ack_params(store, handles, queue)
     # Retried once after a disconnect, like JobHandle.ack: a repeat can only act on the
     # same claims, so it deletes nothing the first attempt would not have.
     with store.executor(retry=True) as ex:
         return set(store.backend.ack_claims(ex, params))
+
+
+def _ack_params(store: Store, handles: list[JobHandle], queue: str | None) -> dict[str, Any]:
+    claims = sorted({(h.id, h._attempts) for h in handles})
+    return {"queue": queue, "ids": [c[0] for c in claims], "attempts": [c[1] for c in claims], "now": store.now()}
 
 
 class JobHandle:

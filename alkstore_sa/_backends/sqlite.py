@@ -57,6 +57,9 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     default_driver = "sqlite3"
     materialize_unswept = True  # see GaugeOps: else a row read per pending job
+    # a worker's acks ride in its next claim's transaction: one writer-lock hold and one
+    # WAL commit per batch instead of two (docs/worker.md, "Acks are written in batches")
+    acks_ride_claims = True
 
     def compile_dialect(self) -> Dialect:
         return sqlite.pysqlite.dialect(paramstyle="named")
@@ -210,10 +213,23 @@ class SQLiteBackend(Backend):
     def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
         # one BEGIN IMMEDIATE for every queue's claim: the writer lock is taken once
         with ex.transaction():
-            return claim_in_turn(
-                turns, budget, lambda p: self._claim_steps(ex, p, guarded=True),
-                lambda p: self.queue_settings_get(ex, p) is not None,
-            )
+            return self._turns_in(ex, turns, budget)
+
+    def ack_and_claim_turns(
+        self, ex: Executor, acks: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], budget: int
+    ) -> tuple[list[tuple[int, int]], list[Turn]]:
+        # one BEGIN IMMEDIATE for the acks and the claims that follow them: the writer lock
+        # is taken once, and the pages both touch are written to the WAL once
+        with ex.transaction():
+            landed = self.ack_claims(ex, acks)
+            return landed, self._turns_in(ex, turns, budget)
+
+    def _turns_in(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
+        """(In the caller's transaction.) ``claim_in_turn`` with the guarded claim."""
+        return claim_in_turn(
+            turns, budget, lambda p: self._claim_steps(ex, p, guarded=True),
+            lambda p: self.queue_settings_get(ex, p) is not None,
+        )
 
     def _claim_steps(self, ex: Executor, params: Mapping[str, Any], *, guarded: bool) -> list[tuple[Any, ...]]:
         """Bury the exhausted reclaimables, then claim (inside the caller's transaction).

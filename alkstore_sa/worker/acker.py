@@ -19,7 +19,9 @@ that writes every batch costs it no wake-up (a thread wake per batch, on two sha
 costs more than the batch's Python work). Once an add had to wake it, the writer wakes by
 itself every ``max_delay`` while acks keep coming (an ack added meanwhile is then due no
 sooner than that tick, so it needs no wake-up), and sleeps until the next add after a tick
-that saw none. One batch is written at a time. The
+that saw none. One batch is written at a time; where the backend says it is cheaper
+(SQLite) it is written in the transaction of the claim for the slots it frees (``Ride``),
+else as a statement of its own. The
 writer then records each job's outcome as it landed (``finish``: counts, metrics, logs, the
 heartbeat roster) and frees the batch's slots together (``release``), so the claimer's next
 claim is one statement for all of them. Until its ack is written a job stays on the
@@ -72,7 +74,7 @@ class Acker:
         in_flight: Callable[[], int],
         lost: Callable[[Work], bool],
         finish: Callable[[Work, Outcome, Answer], None],
-        release: Callable[[int], None],
+        release: Callable[[int, bool], None],
         max_delay: float | None = None,
     ) -> None:
         self.max_batch = max(1, max_batch)
@@ -80,7 +82,9 @@ class Acker:
         self._in_flight = in_flight  # jobs holding a slot (those pending here included)
         self._lost = lost  # a heartbeat of the job's claim was refused: not written
         self._finish = finish  # records one job's outcome, given what its ack did
-        self._release = release  # frees this many slots at once
+        self._release = release  # frees this many slots at once (True: without nudging the claimer)
+        # offers a batch to the claim for the slots it frees (``Ride``); None: never
+        self.ride_with: Callable[[Ride], None] | None = None
         self._cond = threading.Condition(threading.Lock())
         self._pending: list[_Pending] = []
         self._first_due = float("inf")  # the earliest due time among _pending
@@ -204,18 +208,38 @@ class Acker:
             self._write_taken(batch)
 
     def _settle(self, batch: list[_Pending]) -> None:
-        """Write the batch (one statement), record each job's outcome, then free
-        the batch's slots together."""
+        """Write the batch — in the transaction of the claim for the slots it frees, where
+        the claimer takes it along (``Ride``), else as one statement of its own — then
+        record each job's outcome and free the batch's slots together."""
         works = [p.work for p in batch]
+        writing = [w for w in works if not self._lost(w)]
+        ride_with = self.ride_with
+        if writing and ride_with is not None:
+            ride = Ride(self, works, writing)
+            try:
+                ride_with(ride)
+            except BaseException:  # noqa: BLE001 - written on their own below, unless they landed
+                log.exception("claiming along with a batch of acks failed unexpectedly")
+            if ride.settled:
+                return
         try:
-            answers = self._write([w for w in works if not self._lost(w)])
+            answers = self._write(writing)
+        except BaseException:
+            self._release(len(works), False)
+            raise
+        self._record(works, answers, claimed=False)
+
+    def _record(self, works: list[Work], answers: dict[int, Answer], *, claimed: bool) -> None:
+        """Record each job's outcome given its ack's answer, then free the slots
+        (``claimed``: the claimer is already claiming for them)."""
+        try:
             for w in works:
                 try:
                     self._finish(w, ACK, answers.get(id(w), _refused))
                 except BaseException:  # noqa: BLE001 - one job's bookkeeping must not cost the others theirs
                     log.exception("job %s: recording its ack failed unexpectedly", w.handle.id)
         finally:
-            self._release(len(works))
+            self._release(len(works), claimed)
 
     @staticmethod
     def _write(works: list[Work]) -> dict[int, Answer]:
@@ -229,7 +253,38 @@ class Acker:
         except Exception as exc:  # noqa: BLE001 - each job's outcome says it failed
             answer = _raising(exc)
             return {id(w): answer for w in works}
-        return {id(w): _landed if (w.handle.id, w.handle._attempts) in landed else _refused for w in works}
+        return _answers(works, landed)
+
+
+class Ride:
+    """A batch of acks offered to the claim for the slots it frees (``Acker.ride_with``,
+    the claimer's ``claim_along``): where the backend says it is cheaper
+    (``acks_ride_claims``, SQLite) they are written in that claim's transaction. The
+    claimer settles the ride once it committed — each job's outcome recorded and the
+    slots freed — before it starts the jobs it claimed, so ``concurrency`` still bounds
+    the jobs in flight. A ride not settled is written on its own, as without it."""
+
+    __slots__ = ("_acker", "_works", "_writing", "handles", "freeing", "settled")
+
+    def __init__(self, acker: Acker, works: list[Work], writing: list[Work]) -> None:
+        self._acker = acker
+        self._works = works
+        self._writing = writing
+        self.handles = [w.handle for w in writing]  # the acks to write (lost claims are not)
+        self.freeing = len(works)  # the slots the batch frees once settled
+        self.settled = False
+
+    def settle(self, landed: set[tuple[int, int]]) -> None:
+        """The acks were written and ``landed`` are the claims that held: record each job's
+        outcome and free the batch's slots, without nudging the claimer (it is claiming)."""
+        if self.settled:
+            return
+        self.settled = True
+        self._acker._record(self._works, _answers(self._writing, landed), claimed=True)
+
+
+def _answers(works: list[Work], landed: set[tuple[int, int]]) -> dict[int, Answer]:
+    return {id(w): _landed if (w.handle.id, w.handle._attempts) in landed else _refused for w in works}
 
 
 def _landed(_h: JobHandle) -> bool:

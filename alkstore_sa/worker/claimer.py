@@ -35,6 +35,11 @@ could not fill the free slots. Rounds never overlap (one lock), so the choice ab
 same wherever a round runs. Handing every freed slot to the claimer's thread would cost a
 thread wake-up per batch, which on a busy worker is as much as the claim itself.
 
+Where the backend says so (``acks_ride_claims``: SQLite), a batch of acks not yet written
+is offered to that round instead (``claim_along``): the acks go out in the transaction of
+its first claim, and are settled (outcomes recorded, slots freed) before the jobs it
+claimed start.
+
 An outage is logged once per queue: a WARNING at the first failed claim, DEBUG for the
 ones after it, and an INFO line when claims work again.
 """
@@ -45,11 +50,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .._limits import limit_wait
 from ..errors import AlkstoreError
-from ..queue import JobHandle, Queue, claim_turns
+from ..queue import JobHandle, Queue, ack_and_claim_turns, claim_turns
 from ..stop import StopToken
+
+if TYPE_CHECKING:
+    from .acker import Ride
 
 log = logging.getLogger("alkstore_sa")
 
@@ -230,6 +239,32 @@ class Claimer:
         if not filled:
             self._nudge.set()
 
+    def claim_along(self, ride: Ride) -> None:
+        """A batch of acks is about to free ``ride.freeing`` slots on this (worker) thread:
+        claim for them (and any other free slot) in the same transaction as the acks
+        (``ack_and_claim_turns``), settling the ride once that committed and before the
+        claimed jobs start. The ride is left unsettled — the acker writes it on its own,
+        then frees the slots as usual — when no round can run here now (the claimer's
+        thread is in one, the worker stopped claiming, no queue is ready, or the first ready
+        queue has settings: it is claimed through its limits), or when the transaction
+        failed (the round stops there: the slots are not free until the acks are written)."""
+        if not self._round_lock.acquire(blocking=False):
+            return
+        filled = False
+        try:
+            if self._claiming and not self._stop.stopped:
+                free = self._free() + ride.freeing
+                ready = self._ready(time.monotonic(), free + 1)
+                if ready and ready[0].queue.name not in ready[0].queue.store._limited_queues:
+                    self._round(ready, free, clean=False, ride=ride)
+                    filled = self._free() <= 0
+        except Exception:  # noqa: BLE001 - as claim_freed: the claimer's own round follows
+            log.exception("claiming along with a batch of acks failed unexpectedly")
+        finally:
+            self._round_lock.release()
+        if ride.settled and not filled:
+            self._nudge.set()  # as claim_freed: the claimer's thread sleeps by the queues' due times
+
     def _ready(self, now: float, limit: int) -> list[_Source]:
         """The ready queues in this round's round-robin order, the first ``limit`` of them
         (a scan that stops there: with many queues, a round looks at few)."""
@@ -257,11 +292,13 @@ class Claimer:
             free -= shares[-1]
         return shares
 
-    def _round(self, ready: list[_Source], free: int, *, clean: bool) -> None:
+    def _round(self, ready: list[_Source], free: int, *, clean: bool, ride: Ride | None = None) -> None:
         """Share ``free`` slots out over the ready queues and claim each share. ``clean``:
-        nothing is in flight, so an empty claim proves the queue drained (for burst)."""
+        nothing is in flight, so an empty claim proves the queue drained (for burst).
+        ``ride``: acks written in the first claim's transaction (``claim_along``; the first
+        queue has no settings)."""
         if len(ready) > free and not any(s.queue.name in s.queue.store._limited_queues for s in ready):
-            self._turns(ready, free, clean=clean)
+            self._turns(ready, free, clean=clean, ride=ride)
             return
         shares = self._shares(ready, free)
         # next round: after the first queue of this one; when queues outnumber the free
@@ -274,13 +311,32 @@ class Claimer:
             s.woken = False  # cleared before the claim: a wake that comes during it is kept
             finishes = s.finishes
             try:
-                handles = s.queue.claim_batch(self.worker_id, want)
+                if ride is None:
+                    handles: list[JobHandle] | None = s.queue.claim_batch(self.worker_id, want)
+                else:
+                    ((want, handles),) = self._claim_with(ride, [s], want)
+                    ride = None
             except AlkstoreError as exc:
                 self._failed(s, exc)
+                if ride is not None:
+                    return  # its slots are not free until the acks are written on their own
+                continue
+            if handles is None:
+                s.woken = True  # it has settings after all: claimed through its limits next round
                 continue
             clean = self._claimed(s, want, handles, finishes, clean)
 
-    def _turns(self, ready: list[_Source], free: int, *, clean: bool) -> None:
+    def _claim_with(self, ride: Ride, sources: list[_Source], budget: int) -> list[tuple[int, list[JobHandle] | None]]:
+        """The acks of ``ride`` and the claims of ``sources`` in turn (up to ``batch_size``
+        each, ``budget`` in all) in one transaction; the ride is settled once it committed."""
+        store = sources[0].queue.store
+        landed, taken = ack_and_claim_turns(
+            store, ride.handles, self.worker_id, [s.queue for s in sources], self.batch_size, budget
+        )
+        ride.settle(landed)
+        return taken
+
+    def _turns(self, ready: list[_Source], free: int, *, clean: bool, ride: Ride | None = None) -> None:
         """Queues outnumber the free slots: they take turns in one call (``claim_turns``),
         each up to ``batch_size`` of what is left, so a queue holding fewer jobs than its turn
         leaves the rest to the next one at once (one SQLite transaction for them all). The
@@ -289,7 +345,10 @@ class Claimer:
             s.woken = False  # cleared before the claim: a wake that comes during it is kept
         finishes = [s.finishes for s in ready]
         try:
-            taken = claim_turns(ready[0].queue.store, self.worker_id, [s.queue for s in ready], self.batch_size, free)
+            if ride is None:
+                taken = claim_turns(ready[0].queue.store, self.worker_id, [s.queue for s in ready], self.batch_size, free)
+            else:
+                taken = self._claim_with(ride, ready, free)
         except AlkstoreError as exc:
             for s in ready:
                 self._failed(s, exc)

@@ -88,13 +88,15 @@ class Runner:
         if coros:
             self._loop.submit_all(coros)  # one wake-up of the loop for the whole claim
 
-    def release(self, n: int) -> None:
+    def release(self, n: int, claimed: bool = False) -> None:
         """Free ``n`` slots whose outcomes were recorded elsewhere (see ``defer``), together:
-        the claimer is told once."""
+        the claimer is told once — unless ``claimed``: the claim for them is already under
+        way on this thread (the acks rode with it, acker.py)."""
         with self._changed:
             self._busy -= n
             self._changed.notify_all()
-        self._on_free()
+        if not claimed:
+            self._on_free()
 
     def wait_idle(self, timeout: float) -> int:
         """Block until no slot is taken or ``timeout`` seconds passed; the slots still taken."""

@@ -175,6 +175,8 @@ class Worker:
             free=runner.free, busy=lambda: runner.busy, start=start, nudge=nudge,
         )
         self._claimer = claimer
+        if self.store.backend.acks_ride_claims:
+            acker.ride_with = claimer.claim_along  # a batch of acks rides in the next claim's transaction
         watches = self._watch(claimer)
         registration = Registration(
             self.store, self.worker_id, [q.name for q in self.queues], self.concurrency, self.registry_interval

@@ -550,6 +550,16 @@ def _record_claims(worker: alk.Worker, monkeypatch: pytest.MonkeyPatch) -> list[
         return taken
 
     monkeypatch.setattr(claimer, "claim_turns", counted_turns)
+    riding = claimer.ack_and_claim_turns
+
+    def counted_riding(
+        store: alk.Store, handles: list[alk.JobHandle], worker_id: str, queues: list[alk.Queue], want: int, budget: int
+    ) -> Any:
+        landed, taken = riding(store, handles, worker_id, queues, want, budget)
+        claims.extend((q.name, len(hs)) for q, (_n, hs) in zip(queues, taken, strict=False) if hs is not None)
+        return landed, taken
+
+    monkeypatch.setattr(claimer, "ack_and_claim_turns", counted_riding)  # acks riding with a claim (SQLite)
     return claims
 
 
@@ -675,6 +685,16 @@ def test_a_queue_short_of_its_turn_leaves_the_rest_to_the_next_in_the_same_call(
         return taken
 
     monkeypatch.setattr(claimer, "claim_turns", counted)
+    riding = claimer.ack_and_claim_turns
+
+    def counted_riding(
+        st: alk.Store, handles: list[alk.JobHandle], worker_id: str, queues: list[alk.Queue], want: int, budget: int
+    ) -> Any:
+        landed, taken = riding(st, handles, worker_id, queues, want, budget)
+        calls.append([len(hs) for _n, hs in taken if hs is not None])
+        return landed, taken
+
+    monkeypatch.setattr(claimer, "ack_and_claim_turns", counted_riding)  # acks riding with a claim (SQLite)
     # the four jobs of a call finish together and are acked together (never by time), so
     # all four slots come free at once: how many queues a call takes does not depend on
     # how the machine schedules the worker's threads

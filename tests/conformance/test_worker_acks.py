@@ -11,6 +11,7 @@ batches to be exactly "full, or every job in flight waiting" rather than timed.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
+from alkstore_sa import queue as queue_mod
 from alkstore_sa.worker import acker, observe
-from tests.support import WAIT, FakeClock, Target
+from tests.support import WAIT, FakeClock, Target, sqlite_target
 
 
 class Statements:
@@ -339,3 +341,222 @@ def _until(done: Any) -> None:
             return
         deadline.wait(0.01)
     raise AssertionError("not done in time")
+
+
+# -- SQLite: a batch of acks rides in the transaction of the claim that follows it --------
+
+
+class WriteTransactions:
+    """The store's SQLite statements, as its connections run them (sqlite3's trace
+    callback): each write transaction — an explicit BEGIN IMMEDIATE ... COMMIT, or one
+    autocommit write — with what it held (``ack``: the worker's batch ack, ``claim``)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.done: list[list[str]] = []  # committed
+        self.rolled_back: list[list[str]] = []
+        self._open: dict[int, list[str]] = {}
+        self._lock = threading.Lock()
+        sa.event.listen(engine, "connect", self._connected)
+
+    def _connected(self, dbapi_conn: Any, _record: Any) -> None:
+        key = id(dbapi_conn)
+        dbapi_conn.set_trace_callback(lambda sql: self._traced(key, sql))
+
+    def _traced(self, key: int, sql: str) -> None:
+        head = sql.lstrip().upper()
+        kind = None
+        if head.startswith("DELETE FROM MAIN.ALKSTORE_JOBS WHERE MAIN.ALKSTORE_JOBS.ID IN"):
+            kind = "ack"
+        elif " UPDATE MAIN.ALKSTORE_JOBS SET STATE='PROCESSING'" in head:
+            kind = "claim"
+        with self._lock:
+            if head.startswith("BEGIN"):
+                self._open[key] = []
+            elif head.startswith(("COMMIT", "ROLLBACK")):
+                held = self._open.pop(key, [])
+                (self.done if head.startswith("COMMIT") else self.rolled_back).append(held)
+            elif kind is not None:
+                if key in self._open:
+                    self._open[key].append(kind)
+                else:
+                    self.done.append([kind])  # autocommit: a transaction of its own
+
+
+def _sqlite_store(tmp_path: Any) -> tuple[Target, alk.Store, WriteTransactions]:
+    target = sqlite_target(str(tmp_path))
+    engine = sa.create_engine(target.url)  # fresh, so every connection the store opens is traced
+    writes = WriteTransactions(engine)
+    return target, alk.Store(engine), writes
+
+
+def test_sqlite_acks_ride_in_the_next_claims_transaction(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
+) -> None:
+    """On SQLite each batch of acks is written in the BEGIN IMMEDIATE transaction of the
+    claim for the slots it frees: one writer-lock hold and one commit per batch, not two."""
+    monkeypatch.setattr(acker, "MAX_DELAY", 60.0)  # written when every job in flight waits
+    _target, store, writes = _sqlite_store(tmp_path)
+    tasks = alk.Tasks()
+    ran: list[int] = []
+    together = threading.Barrier(4, timeout=WAIT)  # each claim's four jobs finish together
+
+    @tasks.task(queue="rides", name="noop")
+    def noop(i: int) -> None:
+        together.wait()
+        ran.append(i)
+
+    for i in range(40):
+        noop.enqueue(store, i)
+    writes.done.clear()  # the enqueues
+    _burst(alk.Worker(store, tasks, concurrency=4))
+
+    assert sorted(ran) == list(range(40))
+    assert outcomes.landed == Counter({observe.ACKED: 40})
+    acks = [t for t in writes.done if "ack" in t]
+    assert len(acks) == 10  # ten batches of four
+    # each rode with a claim; the first may not have, if it came while the claimer's own
+    # thread was still in its first round (a ride never waits for a round)
+    assert all(t == ["ack", "claim"] for t in acks[1:]), acks
+    assert acks[0] in (["ack"], ["ack", "claim"]), acks
+    # besides the rides only claims on their own: the first one, the one after a first
+    # batch that did not ride, and burst's last look with nothing in flight (acks on their
+    # own would make 21 write transactions)
+    alone = [t for t in writes.done if t and t != ["ack", "claim"]]
+    assert alone.count(["claim"]) == len(alone) - (acks[0] == ["ack"]) <= 3, writes.done
+    assert len([t for t in writes.done if t]) <= 13, writes.done
+    store.close()
+
+
+def test_sqlite_acks_whose_claim_fails_are_written_on_their_own(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim the acks ride with fails (a trigger refuses claims for a while): its
+    transaction rolls back, the acks are written on their own, the queue backs off, and once
+    claims work again the rest run — every job once, every ack landed."""
+    monkeypatch.setattr(acker, "MAX_DELAY", 60.0)
+    target, store, writes = _sqlite_store(tmp_path)
+    with target.engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE refuse_claims (on_ INTEGER NOT NULL)"))
+        c.execute(sa.text("INSERT INTO refuse_claims VALUES (0)"))
+        c.execute(sa.text(
+            "CREATE TRIGGER refuse BEFORE UPDATE OF state ON alkstore_jobs "
+            "WHEN NEW.state = 'processing' AND (SELECT on_ FROM refuse_claims) = 1 "
+            "BEGIN SELECT RAISE(ABORT, 'claims refused'); END"
+        ))
+
+    def refuse(on: bool) -> None:
+        with target.engine.begin() as c:
+            c.execute(sa.text("UPDATE refuse_claims SET on_ = :on"), {"on": int(on)})
+
+    tasks = alk.Tasks()
+    ran: list[int] = []
+    together = threading.Barrier(4, timeout=WAIT)
+    refused = threading.Event()
+
+    @tasks.task(queue="refused", name="noop")
+    def noop(i: int) -> None:
+        # one job of the first batch refuses claims from now on, before its own ack (the
+        # last one its batch waits for) comes
+        if together.wait() == 0 and not refused.is_set():
+            refuse(True)
+            refused.set()
+        ran.append(i)
+
+    for i in range(8):
+        noop.enqueue(store, i)
+    stop = alk.StopToken()
+    worker = alk.Worker(store, tasks, concurrency=4, poll_interval=0.2)
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _until(lambda: outcomes.landed[observe.ACKED] == 4)  # the first batch's acks landed
+        _until(lambda: "claims refused" in caplog.text)
+        assert len(ran) == 4
+        refuse(False)
+        _until(lambda: outcomes.landed[observe.ACKED] == 8)
+    finally:
+        stop.stop()
+        thread.join(WAIT)
+        store.close()
+    assert not thread.is_alive()
+    assert sorted(ran) == list(range(8))
+    assert outcomes.landed == Counter({observe.ACKED: 8})
+    # the first batch's ride: its claim failed, so its acks were rolled back with it
+    assert any(t[:2] == ["ack", "claim"] for t in writes.rolled_back), writes.rolled_back
+    first_acks = [t for t in writes.done if "ack" in t][0]
+    assert first_acks == ["ack"]  # so its acks were written on their own
+    assert int(target.scalar("SELECT count(*) FROM alkstore_jobs")) == 0  # type: ignore[arg-type]
+
+
+# -- ack_and_claim_turns: a batch of acks and the claim after it, one transaction ----------
+
+
+def test_acks_and_the_claim_after_them_land_together(db: Target, qname: str) -> None:
+    """``queue.ack_and_claim_turns``: the acks land (each under its own claim, a lapsed
+    or foreign one refused) and the next jobs are claimed, in one call; the handles are
+    consumed."""
+    store = db.store()
+    q = store.queue(qname)
+    ids = q.enqueue_many([{"i": i} for i in range(6)])
+    first = q.claim_batch("w", 3)
+    stale = q.claim_one("w")  # a claim of the same attempt's job, handed in twice below
+    assert stale is not None and stale.ack() is True  # already acked: its ride is refused
+    landed, taken = queue_mod.ack_and_claim_turns(store, [*first, _copy(stale)], "w", [q], 8, 2)
+    assert landed == {(h.id, 1) for h in first}
+    ((asked, handles),) = taken
+    assert asked == 2 and handles is not None and [h.id for h in handles] == ids[4:6]
+    assert all(h.consumed for h in first)
+    assert _left(db, qname) == 2
+    assert [h.ack() for h in handles] == [True, True]
+    store.close()
+
+
+def test_acks_do_not_land_when_the_claim_after_them_fails(db: Target, qname: str) -> None:
+    """Both land or neither: a claim refused by the database (a trigger here) rolls the acks
+    back, and the handles stay usable for an ack on their own."""
+    store = db.store()
+    q = store.queue(qname)
+    q.enqueue_many([{"i": i} for i in range(4)])
+    handles = q.claim_batch("w", 2)
+    with _refusing_claims(db), pytest.raises(alk.DatabaseError, match="claims refused"):
+        queue_mod.ack_and_claim_turns(store, handles, "w", [q], 8, 2)
+    assert not any(h.consumed for h in handles)
+    assert _left(db, qname) == 4  # nothing acked, nothing more claimed
+    assert queue_mod.ack_claims(store, handles, None) == {(h.id, 1) for h in handles}
+    assert _left(db, qname) == 2
+    store.close()
+
+
+def _copy(h: alk.JobHandle) -> alk.JobHandle:
+    """Another handle of the same claim (as a second process holding it would have)."""
+    return alk.JobHandle(h._queue, h._row)
+
+
+@contextlib.contextmanager
+def _refusing_claims(db: Target) -> Iterator[None]:
+    """While open, the database refuses to set any job processing (a claim)."""
+    jobs = db.table("alkstore_jobs")
+    with db.engine.begin() as c:
+        if db.kind == "sqlite":
+            c.execute(sa.text(
+                f"CREATE TRIGGER refuse_claims BEFORE UPDATE OF state ON {jobs} "
+                "WHEN NEW.state = 'processing' BEGIN SELECT RAISE(ABORT, 'claims refused'); END"
+            ))
+        else:
+            c.execute(sa.text(
+                f'CREATE FUNCTION "{db.schema}".refuse_claims() RETURNS trigger LANGUAGE plpgsql '
+                "AS $$ BEGIN RAISE EXCEPTION 'claims refused'; END $$"
+            ))
+            c.execute(sa.text(
+                f"CREATE TRIGGER refuse_claims BEFORE UPDATE ON {jobs} FOR EACH ROW "
+                f"WHEN (NEW.state = 'processing') EXECUTE FUNCTION \"{db.schema}\".refuse_claims()"
+            ))
+    try:
+        yield
+    finally:
+        with db.engine.begin() as c:
+            if db.kind == "sqlite":
+                c.execute(sa.text("DROP TRIGGER refuse_claims"))
+            else:
+                c.execute(sa.text(f"DROP TRIGGER refuse_claims ON {jobs}"))
+                c.execute(sa.text(f'DROP FUNCTION "{db.schema}".refuse_claims()'))
