@@ -53,6 +53,11 @@ NOTIFY_KEEP = 1024  # a watcher more than this many notifications behind loses s
 NOTIFY_PRUNE_EVERY = 64
 
 
+class _ShortAck(Exception):
+    """Internal: a batch ack's count came back short (some claim did not hold); its
+    transaction is rolled back and the batch deleted again, returning what landed."""
+
+
 class SQLiteBackend(Backend):
     name = "sqlite"
     default_driver = "sqlite3"
@@ -215,15 +220,6 @@ class SQLiteBackend(Backend):
         with ex.transaction():
             return self._turns_in(ex, turns, budget)
 
-    def ack_and_claim_turns(
-        self, ex: Executor, acks: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], budget: int
-    ) -> tuple[list[tuple[int, int]], list[Turn]]:
-        # one BEGIN IMMEDIATE for the acks and the claims that follow them: the writer lock
-        # is taken once, and the pages both touch are written to the WAL once
-        with ex.transaction():
-            landed = self.ack_claims(ex, acks)
-            return landed, self._turns_in(ex, turns, budget)
-
     def _turns_in(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
         """(In the caller's transaction.) ``claim_in_turn`` with the guarded claim."""
         return claim_in_turn(
@@ -305,29 +301,79 @@ class SQLiteBackend(Backend):
         return ex.rowcount(self.sql("ack_batch", build), {**params, "ids": json.dumps(params["ids"])})
 
     def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
+        # Counted, not returned: a batch whose every claim held (nearly always) is known from
+        # the DELETE's row count, and RETURNING costs SQLite as much again per row. A short
+        # count is rolled back and the batch deleted once more, returning what landed.
+        try:
+            with ex.transaction():
+                return self._ack_all(ex, params)
+        except _ShortAck:
+            pass
+        return self._ack_each(ex, params)
+
+    def ack_and_claim_turns(
+        self, ex: Executor, acks: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], budget: int
+    ) -> tuple[list[tuple[int, int]], list[Turn]]:
+        # one BEGIN IMMEDIATE for the acks and the claims that follow them: the writer lock
+        # is taken once, and the pages both touch are written to the WAL once
+        try:
+            with ex.transaction():
+                landed = self._ack_all(ex, acks)
+                return landed, self._turns_in(ex, turns, budget)
+        except _ShortAck:
+            pass
+        with ex.transaction():  # both or neither, as above
+            return self._ack_each(ex, acks), self._turns_in(ex, turns, budget)
+
+    def _ack_all(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
+        """(In the caller's transaction.) Delete each claimed job; every claim, if each one
+        held; else raise ``_ShortAck`` (the caller rolls back)."""
+        ids, attempts = params["ids"], params["attempts"]
+        if ex.rowcount(self._ack_claims_sql(params, returning=False), self._ack_claims_params(params)) != len(ids):
+            raise _ShortAck()
+        return list(zip(ids, attempts, strict=True))
+
+    def _ack_each(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
+        """Delete each claimed job, returning the (id, attempts) claims that held."""
+        rows = ex.rows(self._ack_claims_sql(params, returning=True), self._ack_claims_params(params))
+        return [(r[0], r[1]) for r in rows]
+
+    @staticmethod
+    def _ack_claims_params(params: Mapping[str, Any]) -> dict[str, Any]:
+        ids, attempts = params["ids"], params["attempts"]
+        out = {**params, "ids": json.dumps(ids)}
+        if len(set(attempts)) == 1:
+            out["attempt"] = attempts[0]  # one attempt for all: the plain fence
+        else:
+            out["claims"] = json.dumps([f"{i}:{a}" for i, a in zip(ids, attempts, strict=True)])
+        return out
+
+    def _ack_claims_sql(self, params: Mapping[str, Any], *, returning: bool) -> str:
+        """The batch ack: each job of ``:ids`` under its claim — of attempt ``:attempt`` when
+        the batch's claims share one (the usual case: first attempts), else the matching
+        ``'id:attempt'`` of ``:claims`` — processing, unexpired (and in ``:queue``, if given)."""
         by_queue = params["queue"] is not None
+        one_attempt = len(set(params["attempts"])) == 1
 
         def build() -> sa.Executable:
             ids = sa.func.json_each(bp("ids", sa.Text)).table_valued("value")
-            claims = sa.func.json_each(bp("claims", sa.Text)).table_valued("value")
-            # each claim as one text value, 'id:attempt': a plain IN over one json_each,
-            # cheaper than pairs of json_extract() matched as row values
-            claim = _NoIndex(jobs.c.id).concat(sa.literal_column("':'")).concat(_NoIndex(jobs.c.attempts))
-            where = [
-                jobs.c.id.in_(sa.select(ids.c.value)),  # the primary key drives it (see ack_batch)
-                claim.in_(sa.select(claims.c.value)),
-                _NoIndex(jobs.c.state) == PROCESSING,
-                _NoIndex(jobs.c.claim_expires_at) > self.now(),
-            ]
+            where: list[sa.ColumnElement[bool]] = [jobs.c.id.in_(sa.select(ids.c.value))]  # the primary key drives it (see ack_batch)
+            if one_attempt:
+                where.append(_NoIndex(jobs.c.attempts) == bp("attempt", sa.Integer))
+            else:
+                # each claim as one text value, 'id:attempt': a plain IN over one json_each,
+                # cheaper than pairs of json_extract() matched as row values
+                claims = sa.func.json_each(bp("claims", sa.Text)).table_valued("value")
+                claim = _NoIndex(jobs.c.id).concat(sa.literal_column("':'")).concat(_NoIndex(jobs.c.attempts))
+                where.append(claim.in_(sa.select(claims.c.value)))
+            where += [_NoIndex(jobs.c.state) == PROCESSING, _NoIndex(jobs.c.claim_expires_at) > self.now()]
             if by_queue:
                 where.append(_NoIndex(jobs.c.queue) == bp("queue", sa.Text))
-            return sa.delete(jobs).where(*where).returning(jobs.c.id, jobs.c.attempts)
+            stmt = sa.delete(jobs).where(*where)
+            return stmt.returning(jobs.c.id, jobs.c.attempts) if returning else stmt
 
-        ids, attempts = params["ids"], params["attempts"]
-        claims = json.dumps([f"{i}:{a}" for i, a in zip(ids, attempts, strict=True)])
-        key = "ack_claims" if by_queue else "ack_claims:any"
-        rows = ex.rows(self.sql(key, build), {**params, "ids": json.dumps(ids), "claims": claims})
-        return [(r[0], r[1]) for r in rows]
+        key = "ack_claims" + (":queue" if by_queue else "") + (":one" if one_attempt else "") + (":ret" if returning else "")
+        return self.sql(key, build)
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         bury = self.sql("sweep:bury", lambda: self._bury_where(self._expired(), EXPIRED_SQL))

@@ -27,14 +27,16 @@ from tests.support import WAIT, FakeClock, Target, sqlite_target
 
 
 class Statements:
-    """Calls of the store backend's single ``ack`` and batch ``ack_claims``, with what each
-    batch asked for and what landed."""
+    """Calls of the store backend's single ``ack`` and batch ``ack_claims`` (on its own, or
+    riding with a claim: ``ack_and_claim_turns``), with what each batch asked for and what
+    landed."""
 
     def __init__(self, store: alk.Store, monkeypatch: pytest.MonkeyPatch) -> None:
         self.single = 0
         self.batches: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = []
+        self._riding = threading.local()  # a ride's own ack_claims call is counted once, as the ride
         backend = store.backend
-        ack, ack_claims = backend.ack, backend.ack_claims
+        ack, ack_claims, ride = backend.ack, backend.ack_claims, backend.ack_and_claim_turns
 
         def counted_ack(ex: Any, params: Any) -> bool:
             self.single += 1
@@ -42,11 +44,25 @@ class Statements:
 
         def counted_ack_claims(ex: Any, params: Any) -> list[tuple[int, int]]:
             landed = ack_claims(ex, params)
-            self.batches.append((list(zip(params["ids"], params["attempts"], strict=True)), landed))
+            if not getattr(self._riding, "on", False):
+                self._count(params, landed)
             return landed
+
+        def counted_ride(ex: Any, acks: Any, turns: Any, budget: int) -> Any:
+            self._riding.on = True
+            try:
+                landed, taken = ride(ex, acks, turns, budget)
+            finally:
+                self._riding.on = False
+            self._count(acks, landed)
+            return landed, taken
 
         monkeypatch.setattr(backend, "ack", counted_ack)
         monkeypatch.setattr(backend, "ack_claims", counted_ack_claims)
+        monkeypatch.setattr(backend, "ack_and_claim_turns", counted_ride)
+
+    def _count(self, params: Any, landed: list[tuple[int, int]]) -> None:
+        self.batches.append((list(zip(params["ids"], params["attempts"], strict=True)), landed))
 
 
 class Outcomes:
@@ -560,3 +576,48 @@ def _refusing_claims(db: Target) -> Iterator[None]:
             else:
                 c.execute(sa.text(f"DROP TRIGGER refuse_claims ON {jobs}"))
                 c.execute(sa.text(f'DROP FUNCTION "{db.schema}".refuse_claims()'))
+
+
+def test_a_batch_ack_says_exactly_which_claims_held(db: Target, qname: str, clock: FakeClock) -> None:
+    """``ack_claims`` over first and later attempts together, with a claim that was
+    cancelled, one that lapsed and was taken over (its stale handle and the new one both in
+    the batch): exactly the claims that held land, and are the ones reported."""
+    store = db.store(clock=clock)
+    q = store.queue(qname, visibility_timeout=30)
+    a, b, c, d = q.enqueue_many([{"i": i} for i in range(4)])
+    first = {h.id: h for h in q.claim_batch("w", 4)}
+    clock.advance(31)  # every claim lapses; b is claimed again (attempt 2)
+    again = q.claim_one("w2")
+    assert again is not None and again.id == a and again.job.attempts == 2
+    fresh = {h.id: h for h in q.claim_batch("w2", 3)}  # b, c, d at attempt 2
+    assert q.cancel(c) is True
+    batch = [again, _copy(first[a]), fresh[b], fresh[c], fresh[d]]
+    assert queue_mod.ack_claims(store, batch, None) == {(a, 2), (b, 2), (d, 2)}
+    assert _left(db, qname) == 0
+    # first and second attempts together, every claim holding
+    e = q.enqueue("e")
+    assert q.claim_one("w") is not None
+    clock.advance(31)
+    e2 = q.claim_one("w")
+    f = q.enqueue("f")
+    f1 = q.claim_one("w")
+    assert e2 is not None and e2.id == e and f1 is not None and f1.id == f
+    assert queue_mod.ack_claims(store, [e2, f1], None) == {(e, 2), (f, 1)}
+    assert _left(db, qname) == 0
+    store.close()
+
+
+def test_a_short_batch_ack_rides_with_its_claim_all_the_same(db: Target, qname: str) -> None:
+    """A batch with a claim that no longer holds (its job cancelled) still lands with the
+    claim after it, in one call: the others acked, the next jobs claimed."""
+    store = db.store()
+    q = store.queue(qname)
+    ids = q.enqueue_many([{"i": i} for i in range(5)])
+    handles = q.claim_batch("w", 3)
+    assert q.cancel(ids[1]) is True
+    landed, taken = queue_mod.ack_and_claim_turns(store, handles, "w", [q], 8, 2)
+    assert landed == {(ids[0], 1), (ids[2], 1)}
+    ((_asked, claimed),) = taken
+    assert claimed is not None and [h.id for h in claimed] == ids[3:]
+    assert _left(db, qname) == 2
+    store.close()
