@@ -87,10 +87,15 @@ def _serve_until_empty(spec: dict[str, Any], build: Callable[[alk.Store, str], t
 
 def tasks_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Serve the registry's two queues with ``spec['concurrency']`` until they are empty."""
+    return _serve_registry(spec, registry, poll_interval=1.0)
+
+
+def _serve_registry(spec: dict[str, Any], make: Callable[[str], alk.Tasks], poll_interval: float) -> dict[str, Any]:
+    """A ``Tasks`` worker on the registry ``make(prefix)`` builds, until its queues are empty."""
 
     def build(store: alk.Store, me: str) -> tuple[alk.Worker, list[str]]:
-        tasks = registry(spec["prefix"])
-        worker = alk.Worker(store, tasks, concurrency=spec["concurrency"], worker_id=me, poll_interval=1.0)
+        tasks = make(spec["prefix"])
+        worker = alk.Worker(store, tasks, concurrency=spec["concurrency"], worker_id=me, poll_interval=poll_interval)
         return worker, tasks.queues()
 
     return _serve_until_empty(spec, build)
@@ -113,3 +118,25 @@ def many_queues_worker(spec: dict[str, Any]) -> dict[str, Any]:
         return worker, names
 
     return _serve_until_empty(spec, build)
+
+
+SLOW = "crash.slow"
+SLOW_SECONDS = 0.03  # each run of the slow task: long enough that a kill finds jobs in flight
+
+
+def crash_registry(prefix: str) -> alk.Tasks:
+    """One sync task that records its run and then takes a while, with a short visibility
+    timeout (a killed worker's claims lapse within a second) and attempts to spare."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=f"{prefix}-crash", name=SLOW, visibility_timeout=1.0, max_attempts=50)
+    def slow(i: int) -> None:
+        Sink.record(True)
+        time.sleep(SLOW_SECONDS)
+
+    return tasks
+
+
+def crash_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Serve the crash registry's queue until it is empty (or until SIGKILLed)."""
+    return _serve_registry(spec, crash_registry, poll_interval=0.2)
