@@ -231,6 +231,13 @@ class Lease:
     def transaction(self) -> _LeaseTransaction:
         return _LeaseTransaction(self)
 
+    def driver_connection(self) -> Any:
+        """The leased driver connection, for a backend that drives it itself (PostgreSQL's
+        pipelined statements); its errors are the backend's to translate."""
+        held = self._held
+        assert held is not None
+        return held.dbapi
+
 
 class _LeaseTransaction:
     """A write transaction on the lease's connection; statements inside it are never

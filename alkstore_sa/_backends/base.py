@@ -29,9 +29,8 @@ class Backend(
 
     # Whether a worker writes each batch of acks in the transaction of the claim that
     # follows it (``ack_and_claim_turns``) rather than as a statement of its own: SQLite
-    # (one writer-lock hold and one commit instead of two). Not PostgreSQL, where the
-    # transaction costs two more round trips than two autocommit statements and measured
-    # no faster (docs/performance.md).
+    # (one writer-lock hold and one commit instead of two) and PostgreSQL (pipelined: one
+    # round trip and one commit instead of two).
     acks_ride_claims = False
 
     def ack_and_claim_turns(

@@ -133,6 +133,8 @@ class PostgresBackend(Backend):
     name = "postgresql"
     default_driver = "psycopg"
     failure_aborts_transaction = True
+    # a worker's acks ride with its next claim: pipelined, one round trip (ack_and_claim_turns)
+    acks_ride_claims = True
 
     def compile_dialect(self) -> Dialect:
         # the driver's own, with every function, operator and type name resolved in
@@ -435,7 +437,45 @@ class PostgresBackend(Backend):
         )
         return ex.rowcount(sql, params)
 
+    def ack_and_claim_turns(
+        self, ex: Executor, acks: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], budget: int
+    ) -> tuple[list[tuple[int, int]], list[Turn]]:
+        # One queue's claim (a worker's usual round): BEGIN, the acks, the claim and COMMIT
+        # sent together in psycopg's pipeline mode — one round trip and one commit, where
+        # separate statements take two of each. Several turns need each claim's result before
+        # the next, so they run as the generic transaction.
+        driver_connection = getattr(ex, "driver_connection", None)
+        if driver_connection is None or len(turns) != 1:
+            return super().ack_and_claim_turns(ex, acks, turns, budget)
+        turn = {**turns[0], "n": min(turns[0]["n"], budget)}
+        conn = driver_connection()
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                acked = conn.execute(self._ack_claims_sql(acks), acks)
+                claimed = conn.execute(self.sql("claim", lambda: self._claim_statement(guarded=True)), turn)
+                conn.execute("COMMIT")
+            landed, rows = [(r[0], r[1]) for r in acked.fetchall()], claimed.fetchall()
+        except Exception as exc:
+            self.rollback_quietly(conn)
+            raise self.translate_error(exc) from exc
+        if not rows and self.queue_settings_get(ex, turn) is not None:
+            return landed, [(turn["n"], None)]  # it has settings: claimed by claim_limited
+        return landed, [(turn["n"], rows)]
+
+    def rollback_quietly(self, dbapi_conn: Any) -> None:
+        """End a transaction a failed pipeline left open (aborted), if the connection is
+        still there; the pipeline's own error is the one worth raising."""
+        try:
+            if dbapi_conn.info.transaction_status.name != "IDLE":  # psycopg's pq.TransactionStatus
+                dbapi_conn.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001 - a dead connection: the lease drops it
+            pass
+
     def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
+        return [(r[0], r[1]) for r in ex.rows(self._ack_claims_sql(params), params)]
+
+    def _ack_claims_sql(self, params: Mapping[str, Any]) -> str:
         by_queue = params["queue"] is not None
 
         def build() -> sa.Executable:
@@ -451,8 +491,7 @@ class PostgresBackend(Backend):
                 .returning(jobs.c.id, jobs.c.attempts)
             )
 
-        key = "ack_claims" if by_queue else "ack_claims:any"
-        return [(r[0], r[1]) for r in ex.rows(self.sql(key, build), params)]
+        return self.sql("ack_claims" if by_queue else "ack_claims:any", build)
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         def build() -> sa.Executable:

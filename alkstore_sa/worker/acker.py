@@ -19,9 +19,9 @@ that writes every batch costs it no wake-up (a thread wake per batch, on two sha
 costs more than the batch's Python work). Once an add had to wake it, the writer wakes by
 itself every ``max_delay`` while acks keep coming (an ack added meanwhile is then due no
 sooner than that tick, so it needs no wake-up), and sleeps until the next add after a tick
-that saw none. One batch is written at a time; where the backend says it is cheaper
-(SQLite) it is written in the transaction of the claim for the slots it frees (``Ride``),
-else as a statement of its own. The
+that saw none. One batch is written at a time, in the transaction of the claim for the
+slots it frees (``Ride``: one SQLite transaction, one pipelined PostgreSQL round trip)
+where the claimer can take it along, else as a statement of its own. The
 writer then records each job's outcome as it landed (``finish``: counts, metrics, logs, the
 heartbeat roster) and frees the batch's slots together (``release``), so the claimer's next
 claim is one statement for all of them. Until its ack is written a job stays on the
@@ -259,7 +259,7 @@ class Acker:
 class Ride:
     """A batch of acks offered to the claim for the slots it frees (``Acker.ride_with``,
     the claimer's ``claim_along``): where the backend says it is cheaper
-    (``acks_ride_claims``, SQLite) they are written in that claim's transaction. The
+    (``acks_ride_claims``) they are written in that claim's transaction. The
     claimer settles the ride once it committed — each job's outcome recorded and the
     slots freed — before it starts the jobs it claimed, so ``concurrency`` still bounds
     the jobs in flight. A ride not settled is written on its own, as without it."""

@@ -35,7 +35,7 @@ could not fill the free slots. Rounds never overlap (one lock), so the choice ab
 same wherever a round runs. Handing every freed slot to the claimer's thread would cost a
 thread wake-up per batch, which on a busy worker is as much as the claim itself.
 
-Where the backend says so (``acks_ride_claims``: SQLite), a batch of acks not yet written
+Where the backend says so (``acks_ride_claims``), a batch of acks not yet written
 is offered to that round instead (``claim_along``): the acks go out in the transaction of
 its first claim, and are settled (outcomes recorded, slots freed) before the jobs it
 claimed start.

@@ -504,6 +504,53 @@ def test_sqlite_acks_whose_claim_fails_are_written_on_their_own(
     assert int(target.scalar("SELECT count(*) FROM alkstore_jobs")) == 0  # type: ignore[arg-type]
 
 
+def test_a_draining_workers_acks_ride_with_its_claims(
+    db: Target, qname: str, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
+) -> None:
+    """On both engines a worker draining a queue writes each batch of acks with the claim
+    for the slots it frees (SQLite: one transaction; PostgreSQL: one pipelined round trip),
+    not as a statement of its own."""
+    monkeypatch.setattr(acker, "MAX_DELAY", 60.0)
+    store = db.store()
+    backend = store.backend
+    calls: Counter[str] = Counter()
+    ack_claims, ride = backend.ack_claims, backend.ack_and_claim_turns
+    riding = threading.local()
+
+    def counted_ack_claims(ex: Any, params: Any) -> list[tuple[int, int]]:
+        if not getattr(riding, "on", False):
+            calls["alone"] += 1
+        return ack_claims(ex, params)
+
+    def counted_ride(ex: Any, acks: Any, turns: Any, budget: int) -> Any:
+        calls["ride"] += 1
+        riding.on = True
+        try:
+            return ride(ex, acks, turns, budget)
+        finally:
+            riding.on = False
+
+    monkeypatch.setattr(backend, "ack_claims", counted_ack_claims)
+    monkeypatch.setattr(backend, "ack_and_claim_turns", counted_ride)
+    tasks = alk.Tasks()
+    together = threading.Barrier(4, timeout=WAIT)
+
+    @tasks.task(queue=qname, name="noop")
+    def noop(i: int) -> None:
+        together.wait()
+
+    for i in range(40):
+        noop.enqueue(store, i)
+    _burst(alk.Worker(store, tasks, concurrency=4))
+
+    assert outcomes.landed == Counter({observe.ACKED: 40})
+    # ten batches: each rode, but the first may have come while the claimer's own thread
+    # was still in its first round (a ride never waits for a round)
+    assert calls["ride"] + calls["alone"] == 10 and calls["alone"] <= 1, calls
+    assert _left(db, qname) == 0
+    store.close()
+
+
 # -- ack_and_claim_turns: a batch of acks and the claim after it, one transaction ----------
 
 
@@ -527,15 +574,18 @@ def test_acks_and_the_claim_after_them_land_together(db: Target, qname: str) -> 
     store.close()
 
 
-def test_acks_do_not_land_when_the_claim_after_them_fails(db: Target, qname: str) -> None:
+@pytest.mark.parametrize("turns", [1, 2])
+def test_acks_do_not_land_when_the_claim_after_them_fails(db: Target, qname: str, turns: int) -> None:
     """Both land or neither: a claim refused by the database (a trigger here) rolls the acks
-    back, and the handles stay usable for an ack on their own."""
+    back, and the handles stay usable for an ack on their own — with one queue's claim
+    (PostgreSQL: pipelined) and with queues taking turns (one transaction)."""
     store = db.store()
     q = store.queue(qname)
     q.enqueue_many([{"i": i} for i in range(4)])
     handles = q.claim_batch("w", 2)
+    others = [store.queue(f"{qname}-{k}") for k in range(1, turns)]
     with _refusing_claims(db), pytest.raises(alk.DatabaseError, match="claims refused"):
-        queue_mod.ack_and_claim_turns(store, handles, "w", [q], 8, 2)
+        queue_mod.ack_and_claim_turns(store, handles, "w", [*others, q], 8, 2)
     assert not any(h.consumed for h in handles)
     assert _left(db, qname) == 4  # nothing acked, nothing more claimed
     assert queue_mod.ack_claims(store, handles, None) == {(h.id, 1) for h in handles}
@@ -604,6 +654,22 @@ def test_a_batch_ack_says_exactly_which_claims_held(db: Target, qname: str, cloc
     assert e2 is not None and e2.id == e and f1 is not None and f1.id == f
     assert queue_mod.ack_claims(store, [e2, f1], None) == {(e, 2), (f, 1)}
     assert _left(db, qname) == 0
+    store.close()
+
+
+def test_acks_ride_with_queues_taking_turns(db: Target, qname: str) -> None:
+    """Several turns in the call: the acks land, and a queue short of its turn leaves the
+    rest of the budget to the next."""
+    store = db.store()
+    q, short, rest = (store.queue(f"{qname}-{k}") for k in range(3))
+    q.enqueue_many([{"i": i} for i in range(2)])
+    short_id = short.enqueue("s")
+    rest_ids = rest.enqueue_many(["r1", "r2", "r3"])
+    handles = q.claim_batch("w", 2)
+    landed, taken = queue_mod.ack_and_claim_turns(store, handles, "w", [short, rest], 4, 3)
+    assert landed == {(h.id, 1) for h in handles}
+    assert [(n, [h.id for h in hs or []]) for n, hs in taken] == [(3, [short_id]), (2, rest_ids[:2])]
+    assert all(_left(db, name) == n for name, n in ((q.name, 0), (short.name, 1), (rest.name, 3)))
     store.close()
 
 
