@@ -5,6 +5,7 @@ is compiled with their own dialect (``driver_of``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -464,13 +465,13 @@ class PostgresBackend(Backend):
         return landed, [(turn["n"], rows)]
 
     def rollback_quietly(self, dbapi_conn: Any) -> None:
-        """End a transaction a failed pipeline left open (aborted), if the connection is
-        still there; the pipeline's own error is the one worth raising."""
-        try:
-            if dbapi_conn.info.transaction_status.name != "IDLE":  # psycopg's pq.TransactionStatus
-                dbapi_conn.execute("ROLLBACK")
-        except Exception:  # noqa: BLE001 - a dead connection: the lease drops it
-            pass
+        """End the transaction a failed pipeline left open (aborted), if the connection is
+        still there; the pipeline's own error is the one worth raising. psycopg's
+        ``rollback()``, not a ROLLBACK statement: it also forgets the connection's prepared
+        statements (and deallocates them), and a statement psycopg began preparing inside
+        the aborted pipeline was never prepared by the server."""
+        with contextlib.suppress(Exception):  # a dead connection: the lease drops it
+            dbapi_conn.rollback()
 
     def ack_claims(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
         return [(r[0], r[1]) for r in ex.rows(self._ack_claims_sql(params), params)]

@@ -687,3 +687,40 @@ def test_a_short_batch_ack_rides_with_its_claim_all_the_same(db: Target, qname: 
     assert claimed is not None and [h.id for h in claimed] == ids[3:]
     assert _left(db, qname) == 2
     store.close()
+
+
+def test_a_failed_pipelined_ride_leaves_its_connection_usable(pg_db: Target, qname: str) -> None:
+    """PostgreSQL: psycopg marks a statement prepared when it sends it, on its sixth run on
+    a connection — also inside a pipeline that the server then aborts before preparing it.
+    A ride whose acks fail (refused here by a trigger), at every count of runs, is followed
+    by one that works on the same connection: no 'prepared statement does not exist'."""
+    store = pg_db.store()
+    q = store.queue(qname)
+    q.enqueue_many([{"i": i} for i in range(40)])
+    handles = q.claim_batch("w", 1)
+    for _ in range(12):
+        with _refusing_acks(pg_db), pytest.raises(alk.DatabaseError, match="acks refused"):
+            queue_mod.ack_and_claim_turns(store, handles, "w", [q], 1, 1)
+        landed, ((_n, claimed),) = queue_mod.ack_and_claim_turns(store, handles, "w", [q], 1, 1)
+        assert landed == {(handles[0].id, 1)} and claimed is not None and len(claimed) == 1
+        handles = claimed
+    store.close()
+
+
+@contextlib.contextmanager
+def _refusing_acks(db: Target) -> Iterator[None]:
+    """While open, PostgreSQL refuses to delete any job (an ack)."""
+    jobs = db.table("alkstore_jobs")
+    function = f'"{db.schema}".refuse_acks'
+    with db.engine.begin() as c:
+        c.execute(sa.text(
+            f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
+            "AS $$ BEGIN RAISE EXCEPTION 'acks refused'; END $$"
+        ))
+        c.execute(sa.text(f"CREATE TRIGGER refuse_acks BEFORE DELETE ON {jobs} FOR EACH ROW EXECUTE FUNCTION {function}()"))
+    try:
+        yield
+    finally:
+        with db.engine.begin() as c:
+            c.execute(sa.text(f"DROP TRIGGER refuse_acks ON {jobs}"))
+            c.execute(sa.text(f"DROP FUNCTION {function}()"))
