@@ -130,6 +130,15 @@ def _check_directness(dbapi_conn: Any) -> bool:
     return False
 
 
+@functools.cache
+def _pipeline_supported() -> bool:
+    """Whether psycopg's libpq has pipeline mode (libpq 14 or later; the binary wheels
+    bring their own)."""
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
+
+
 class PostgresBackend(Backend):
     name = "postgresql"
     default_driver = "psycopg"
@@ -446,7 +455,7 @@ class PostgresBackend(Backend):
         # separate statements take two of each. Several turns need each claim's result before
         # the next, so they run as the generic transaction.
         driver_connection = getattr(ex, "driver_connection", None)
-        if driver_connection is None or len(turns) != 1:
+        if driver_connection is None or len(turns) != 1 or not _pipeline_supported():
             return super().ack_and_claim_turns(ex, acks, turns, budget)
         turn = {**turns[0], "n": min(turns[0]["n"], budget)}
         conn = driver_connection()

@@ -724,3 +724,23 @@ def _refusing_acks(db: Target) -> Iterator[None]:
         with db.engine.begin() as c:
             c.execute(sa.text(f"DROP TRIGGER refuse_acks ON {jobs}"))
             c.execute(sa.text(f"DROP FUNCTION {function}()"))
+
+
+def test_without_pipeline_mode_the_ride_is_one_transaction(
+    pg_db: Target, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL with a libpq older than 14 (no pipeline mode; stood in for here): the ride
+    is the ordinary transaction — it works, and both land or neither."""
+    from alkstore_sa._backends import postgresql as pg_backend
+
+    monkeypatch.setattr(pg_backend, "_pipeline_supported", lambda: False)
+    store = pg_db.store()
+    q = store.queue(qname)
+    ids = q.enqueue_many([{"i": i} for i in range(4)])
+    handles = q.claim_batch("w", 2)
+    with _refusing_claims(pg_db), pytest.raises(alk.DatabaseError, match="claims refused"):
+        queue_mod.ack_and_claim_turns(store, handles, "w", [q], 8, 2)
+    assert _left(pg_db, qname) == 4
+    landed, ((_n, claimed),) = queue_mod.ack_and_claim_turns(store, handles, "w", [q], 8, 2)
+    assert landed == {(i, 1) for i in ids[:2]} and claimed is not None and [h.id for h in claimed] == ids[2:]
+    store.close()
