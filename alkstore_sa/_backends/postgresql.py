@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
-from ..errors import InvalidOptions
+from ..errors import AlkstoreError, InvalidOptions
 from ..schema import JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
 from .base import Backend
 from .pg_dialect import CATALOG_DIALECTS, driver_of_dialect
@@ -450,25 +450,40 @@ class PostgresBackend(Backend):
     def ack_and_claim_turns(
         self, ex: Executor, acks: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], budget: int
     ) -> tuple[list[tuple[int, int]], list[Turn]]:
-        # One queue's claim (a worker's usual round): BEGIN, the acks, the claim and COMMIT
-        # sent together in psycopg's pipeline mode — one round trip and one commit, where
-        # separate statements take two of each. Several turns need each claim's result before
-        # the next, so they run as the generic transaction.
+        # BEGIN, the acks and the first claim sent together in psycopg's pipeline mode. With
+        # one queue (a worker's usual round) COMMIT goes with them and the claim's rows are
+        # read after it: one round trip and one commit, where separate statements take two
+        # of each. Queues taking turns need each claim's rows before the next turn: a round
+        # trip per turn, and one for COMMIT.
         driver_connection = getattr(ex, "driver_connection", None)
-        if driver_connection is None or len(turns) != 1 or not _pipeline_supported():
+        if driver_connection is None or not _pipeline_supported():
             return super().ack_and_claim_turns(ex, acks, turns, budget)
-        turn = {**turns[0], "n": min(turns[0]["n"], budget)}
+        claim_sql = self.sql("claim", lambda: self._claim_statement(guarded=True))
         conn = driver_connection()
+        taken: list[Turn] | None = None
         try:
             with conn.pipeline():
                 conn.execute("BEGIN")
                 acked = conn.execute(self._ack_claims_sql(acks), acks)
-                claimed = conn.execute(self.sql("claim", lambda: self._claim_statement(guarded=True)), turn)
+                if len(turns) == 1:
+                    turn = {**turns[0], "n": min(turns[0]["n"], budget)}
+                    claimed = conn.execute(claim_sql, turn)
+                else:
+                    taken = claim_in_turn(
+                        turns, budget, lambda p: conn.execute(claim_sql, p).fetchall(),
+                        lambda p: self.queue_settings_get(ex, p) is not None,
+                    )
                 conn.execute("COMMIT")
-            landed, rows = [(r[0], r[1]) for r in acked.fetchall()], claimed.fetchall()
+            landed = [(r[0], r[1]) for r in acked.fetchall()]
+            rows = claimed.fetchall() if taken is None else []
+        except AlkstoreError:
+            self.rollback_quietly(conn)
+            raise
         except Exception as exc:
             self.rollback_quietly(conn)
             raise self.translate_error(exc) from exc
+        if taken is not None:
+            return landed, taken
         if not rows and self.queue_settings_get(ex, turn) is not None:
             return landed, [(turn["n"], None)]  # it has settings: claimed by claim_limited
         return landed, [(turn["n"], rows)]
