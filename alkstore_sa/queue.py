@@ -248,7 +248,7 @@ class Queue:
         return landed
 
     def _ack_claims(self, handles: list[JobHandle]) -> set[tuple[int, int]]:
-        """Ack each handle of this queue under its own claim, in one statement (see
+        """Ack each handle of this queue under its own claim, in one call (see
         ``ack_claims``)."""
         return ack_claims(self.store, handles, self.name)
 
@@ -388,7 +388,7 @@ def _turn_handles(
 
 
 def ack_claims(store: Store, handles: list[JobHandle], queue: str | None) -> set[tuple[int, int]]:
-    """Ack each handle under its own claim, in one statement, consuming them; the
+    """Ack each handle under its own claim, in one call, consuming them; the
     (id, attempt) claims that landed. Only jobs of ``queue`` are acked, or of any queue when
     it is None: the claim alone is what the single ack checks (the worker writes the acks
     of all its queues together). Unlike ``ack_batch`` it says which handles landed, so each

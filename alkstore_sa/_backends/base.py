@@ -40,9 +40,14 @@ class Backend(
         both land or neither does."""
         with ex.transaction():
             landed = self.ack_claims(ex, acks)
-            return landed, claim_in_turn(
-                turns, budget, lambda p: self.claim(ex, p), lambda p: self.queue_settings_get(ex, p) is not None
-            )
+            return landed, self._turns_in(ex, turns, budget)
+
+    def _turns_in(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
+        """``claim_in_turn`` with the guarded claim, on ``ex`` as it is (in a transaction or
+        not)."""
+        return claim_in_turn(
+            turns, budget, lambda p: self.claim(ex, p), lambda p: self.queue_settings_get(ex, p) is not None
+        )
 
 
 __all__ = ["Backend", "Executor"]

@@ -345,9 +345,7 @@ class PostgresBackend(Backend):
 
     def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
         # each claim stays one atomic statement of its own (autocommit), on one connection
-        return claim_in_turn(
-            turns, budget, lambda p: self.claim(ex, p), lambda p: self.queue_settings_get(ex, p) is not None
-        )
+        return self._turns_in(ex, turns, budget)
 
     def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         return ex.rows(self.sql("claim:limited", lambda: self._claim_statement(guarded=False)), params)

@@ -221,7 +221,7 @@ class SQLiteBackend(Backend):
             return self._turns_in(ex, turns, budget)
 
     def _turns_in(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
-        """(In the caller's transaction.) ``claim_in_turn`` with the guarded claim."""
+        # in the caller's transaction: the claim's own steps, without the BEGIN of claim()
         return claim_in_turn(
             turns, budget, lambda p: self._claim_steps(ex, p, guarded=True),
             lambda p: self.queue_settings_get(ex, p) is not None,
@@ -329,31 +329,27 @@ class SQLiteBackend(Backend):
         """(In the caller's transaction.) Delete each claimed job; every claim, if each one
         held; else raise ``_ShortAck`` (the caller rolls back)."""
         ids, attempts = params["ids"], params["attempts"]
-        if ex.rowcount(self._ack_claims_sql(params, returning=False), self._ack_claims_params(params)) != len(ids):
+        if ex.rowcount(*self._ack_claims_statement(params, returning=False)) != len(ids):
             raise _ShortAck()
         return list(zip(ids, attempts, strict=True))
 
     def _ack_each(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
         """Delete each claimed job, returning the (id, attempts) claims that held."""
-        rows = ex.rows(self._ack_claims_sql(params, returning=True), self._ack_claims_params(params))
-        return [(r[0], r[1]) for r in rows]
+        return [(r[0], r[1]) for r in ex.rows(*self._ack_claims_statement(params, returning=True))]
 
-    @staticmethod
-    def _ack_claims_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    def _ack_claims_statement(self, params: Mapping[str, Any], *, returning: bool) -> tuple[str, dict[str, Any]]:
+        """The batch ack and its parameters: each job of ``:ids`` under its claim — of
+        attempt ``:attempt`` when the batch's claims share one (the usual case: first
+        attempts), else the matching ``'id:attempt'`` of ``:claims`` — processing, unexpired
+        (and in ``:queue``, if given)."""
         ids, attempts = params["ids"], params["attempts"]
-        out = {**params, "ids": json.dumps(ids)}
-        if len(set(attempts)) == 1:
-            out["attempt"] = attempts[0]  # one attempt for all: the plain fence
-        else:
-            out["claims"] = json.dumps([f"{i}:{a}" for i, a in zip(ids, attempts, strict=True)])
-        return out
-
-    def _ack_claims_sql(self, params: Mapping[str, Any], *, returning: bool) -> str:
-        """The batch ack: each job of ``:ids`` under its claim — of attempt ``:attempt`` when
-        the batch's claims share one (the usual case: first attempts), else the matching
-        ``'id:attempt'`` of ``:claims`` — processing, unexpired (and in ``:queue``, if given)."""
         by_queue = params["queue"] is not None
-        one_attempt = len(set(params["attempts"])) == 1
+        one_attempt = len(set(attempts)) == 1
+        bound = {**params, "ids": json.dumps(ids)}
+        if one_attempt:
+            bound["attempt"] = attempts[0]
+        else:
+            bound["claims"] = json.dumps([f"{i}:{a}" for i, a in zip(ids, attempts, strict=True)])
 
         def build() -> sa.Executable:
             ids = sa.func.json_each(bp("ids", sa.Text)).table_valued("value")
@@ -373,7 +369,7 @@ class SQLiteBackend(Backend):
             return stmt.returning(jobs.c.id, jobs.c.attempts) if returning else stmt
 
         key = "ack_claims" + (":queue" if by_queue else "") + (":one" if one_attempt else "") + (":ret" if returning else "")
-        return self.sql(key, build)
+        return self.sql(key, build), bound
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         bury = self.sql("sweep:bury", lambda: self._bury_where(self._expired(), EXPIRED_SQL))

@@ -542,25 +542,34 @@ def _record_claims(worker: alk.Worker, monkeypatch: pytest.MonkeyPatch) -> list[
             return handles
 
         q.claim_batch = counted  # type: ignore[method-assign]
-    turns = claimer.claim_turns
+    _on_turn_calls(
+        monkeypatch,
+        lambda queues, taken: claims.extend(
+            (q.name, len(hs)) for q, (_n, hs) in zip(queues, taken, strict=False) if hs is not None
+        ),
+    )
+    return claims
 
-    def counted_turns(store: alk.Store, worker_id: str, queues: list[alk.Queue], want: int, budget: int) -> Any:
+
+def _on_turn_calls(monkeypatch: pytest.MonkeyPatch, seen: Callable[[list[alk.Queue], Any], None]) -> None:
+    """Call ``seen(queues, taken)`` after each claim call of queues taking turns — on its
+    own (``claim_turns``) or with a batch of acks riding along (``ack_and_claim_turns``)."""
+    turns, riding = claimer.claim_turns, claimer.ack_and_claim_turns
+
+    def counted(store: alk.Store, worker_id: str, queues: list[alk.Queue], want: int, budget: int) -> Any:
         taken = turns(store, worker_id, queues, want, budget)
-        claims.extend((q.name, len(hs)) for q, (_n, hs) in zip(queues, taken, strict=False) if hs is not None)
+        seen(queues, taken)
         return taken
-
-    monkeypatch.setattr(claimer, "claim_turns", counted_turns)
-    riding = claimer.ack_and_claim_turns
 
     def counted_riding(
         store: alk.Store, handles: list[alk.JobHandle], worker_id: str, queues: list[alk.Queue], want: int, budget: int
     ) -> Any:
         landed, taken = riding(store, handles, worker_id, queues, want, budget)
-        claims.extend((q.name, len(hs)) for q, (_n, hs) in zip(queues, taken, strict=False) if hs is not None)
+        seen(queues, taken)
         return landed, taken
 
-    monkeypatch.setattr(claimer, "ack_and_claim_turns", counted_riding)  # acks riding with a claim (SQLite)
-    return claims
+    monkeypatch.setattr(claimer, "claim_turns", counted)
+    monkeypatch.setattr(claimer, "ack_and_claim_turns", counted_riding)
 
 
 def _claimed_before(claims: list[tuple[str, int]], queue: str, start: int = 0) -> int:
@@ -677,24 +686,7 @@ def test_a_queue_short_of_its_turn_leaves_the_rest_to_the_next_in_the_same_call(
     for name in names:
         store.queue(name).enqueue("x")
     calls: list[list[int]] = []
-    turns = claimer.claim_turns
-
-    def counted(st: alk.Store, worker_id: str, queues: list[alk.Queue], want: int, budget: int) -> Any:
-        taken = turns(st, worker_id, queues, want, budget)
-        calls.append([len(hs) for _n, hs in taken if hs is not None])
-        return taken
-
-    monkeypatch.setattr(claimer, "claim_turns", counted)
-    riding = claimer.ack_and_claim_turns
-
-    def counted_riding(
-        st: alk.Store, handles: list[alk.JobHandle], worker_id: str, queues: list[alk.Queue], want: int, budget: int
-    ) -> Any:
-        landed, taken = riding(st, handles, worker_id, queues, want, budget)
-        calls.append([len(hs) for _n, hs in taken if hs is not None])
-        return landed, taken
-
-    monkeypatch.setattr(claimer, "ack_and_claim_turns", counted_riding)  # acks riding with a claim (SQLite)
+    _on_turn_calls(monkeypatch, lambda _queues, taken: calls.append([len(hs) for _n, hs in taken if hs is not None]))
     # the four jobs of a call finish together and are acked together (never by time), so
     # all four slots come free at once: how many queues a call takes does not depend on
     # how the machine schedules the worker's threads
