@@ -201,13 +201,13 @@ class Lease:
 
     def rows(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         try:
-            return self._held.dbapi.execute(sql, params).fetchall()  # type: ignore[no-any-return,union-attr]
+            return self._held.execute(sql, params).fetchall()  # type: ignore[no-any-return,union-attr]
         except Exception as exc:
             return self._again(exc, sql, params, fetch=True)  # type: ignore[no-any-return]
 
     def rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
         try:
-            return self._held.dbapi.execute(sql, params).rowcount  # type: ignore[no-any-return,union-attr]
+            return self._held.execute(sql, params).rowcount  # type: ignore[no-any-return,union-attr]
         except Exception as exc:
             return self._again(exc, sql, params, fetch=False)  # type: ignore[no-any-return]
 
@@ -223,7 +223,7 @@ class Lease:
         self._cache.disconnected(held, exc)
         self._held = held = self._cache.take()
         try:
-            cursor = held.dbapi.execute(sql, params)
+            cursor = held.execute(sql, params)
             return cursor.fetchall() if fetch else cursor.rowcount
         except Exception as again:
             raise backend.translate_error(again) from again

@@ -68,14 +68,16 @@ def _may_pin(pool: Pool) -> bool:
 
 class Held:
     """One connection checked out of the pool for the store: the pool's proxy, the driver
-    connection, what ``prepare_connection`` changed, and where it came from."""
+    connection, what ``prepare_connection`` changed, how a statement is run on it, and
+    where it came from."""
 
-    __slots__ = ("proxied", "dbapi", "saved", "pool", "generation", "pid", "alive")
+    __slots__ = ("proxied", "dbapi", "saved", "execute", "pool", "generation", "pid", "alive")
 
     def __init__(self, proxied: Any, backend: Backend, pool: Pool, generation: int) -> None:
         self.proxied = proxied
         self.dbapi = proxied.dbapi_connection
         self.saved = backend.prepare_connection(self.dbapi)
+        self.execute = backend.statement_runner(self.dbapi)
         self.pool = pool
         self.generation = generation
         self.pid = os.getpid()

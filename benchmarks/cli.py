@@ -110,7 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", metavar="KEYS",
                    help="comma-separated workload keys to run (e.g. drain_one,enqueue_one); "
                         "'dashboard' runs the dashboard/metrics reads, 'delayed' the "
-                        "delayed-backlog run")
+                        "delayed-backlog run, 'enqueue_procs' the concurrent-enqueue run")
     args = p.parse_args(argv)
     if args.reps is None:
         args.reps = 1 if args.quick else 3
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = ["sqlite", "postgresql"] if args.engine == "all" else [args.engine]
     only = set(args.only.split(",")) if args.only else None
     if only:
-        unknown = only - {w.key for w in WORKLOADS} - {"dashboard", "delayed"}
+        unknown = only - {w.key for w in WORKLOADS} - {"dashboard", "delayed", "enqueue_procs"}
         if unknown:
             log(f"unknown workload keys: {', '.join(sorted(unknown))}")
             return 2
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     report["dashboard"][kind] = run_dashboard(env, log=log, **dashboard_cfg)
                 if not args.skip_latency and only is None:
                     report["latency"][kind] = run_latency(env, 30 if args.quick else 300, log)
-                if not args.skip_enqueue_procs and only is None:
+                if not args.skip_enqueue_procs and (only is None or "enqueue_procs" in only):
                     report["enqueue_procs"][kind] = enqueue_procs.run_enqueue_procs(
                         env, args.enqueue_levels, 30 if args.quick else ENQUEUE_PROCS_PER_PROC,
                         args.reps, log,

@@ -109,6 +109,14 @@ class Core(abc.ABC):
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
         """Undo ``prepare_connection`` before the connection goes back to the engine's pool."""
 
+    def statement_runner(self, dbapi_conn: Any) -> Callable[[str, Mapping[str, Any]], Any]:
+        """How the store runs one statement on one of its connections: a callable taking
+        (SQL, parameters) and returning a cursor holding the result. Here the connection's
+        own ``execute``, a fresh cursor per statement: a sqlite3 cursor left holding a
+        statement that was not stepped to its end would keep it (and an autocommit write
+        transaction) open, and a fresh one costs sqlite3 next to nothing."""
+        return dbapi_conn.execute  # type: ignore[no-any-return]
+
     # Whether a failed statement leaves the transaction it ran in unusable (PostgreSQL
     # aborts it; SQLite carries on): then the caller's commit must be made to fail.
     failure_aborts_transaction: ClassVar[bool] = False

@@ -199,6 +199,13 @@ class PostgresBackend(Backend):
             dbapi_conn.prepare_threshold = None
         return saved
 
+    def statement_runner(self, dbapi_conn: Any) -> Callable[[str, Mapping[str, Any]], Any]:
+        # One cursor per connection, kept: a psycopg cursor looks up and caches the dumper
+        # of each parameter's type, and a fresh one (``connection.execute``) starts with an
+        # empty cache — about 25 µs of client CPU per 13-parameter enqueue. A psycopg
+        # cursor receives each result whole, so a kept one holds no statement open.
+        return dbapi_conn.cursor().execute  # type: ignore[no-any-return]
+
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
         dbapi_conn.autocommit, dbapi_conn.prepare_threshold = saved
 
