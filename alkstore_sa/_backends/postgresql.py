@@ -25,7 +25,7 @@ from ..schema import JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
 from .base import Backend
 from .pg_dialect import CATALOG_DIALECTS, driver_of_dialect
 from .pg_wire import WAKE_BARRIER_CLASS, WAKE_PRESENCE_CLASS
-from .queue_ops import Turn, claim_in_turn
+from .queue_ops import Turn, split_turns
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, Executor, arg, bp
 
 # sqlstates: undefined_table, invalid_schema_name
@@ -87,6 +87,16 @@ def _wake_if_waiting() -> sa.ColumnElement[Any]:
         else_=sa.true(),
     )
     return sa.case((waiting, _notify_wake()))
+
+
+def _turns_params(turns: Sequence[Mapping[str, Any]], budget: int) -> dict[str, Any]:
+    """The parameters of the claim of turns: the turns' queues in order, and what every
+    turn shares (one worker, one ``n``, one clock reading: ``queue._turn_params``)."""
+    first = turns[0]
+    return {
+        "queues": [t["queue"] for t in turns], "n": first["n"], "budget": budget,
+        "worker_id": first["worker_id"], "now": first["now"],
+    }
 
 
 def _materialized(select: sa.Select[Any] | sa.CompoundSelect, name: str) -> sa.CTE:
@@ -351,8 +361,14 @@ class PostgresBackend(Backend):
         return ex.rows(self.sql("claim", lambda: self._claim_statement(guarded=True)), params)
 
     def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
-        # each claim stays one atomic statement of its own (autocommit), on one connection
+        # one atomic statement (autocommit) for all the turns
         return self._turns_in(ex, turns, budget)
+
+    def _turns_in(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
+        if len(turns) == 1:
+            return super()._turns_in(ex, turns, budget)
+        rows = ex.rows(self.sql("claim:turns", self._claim_turns_statement), _turns_params(turns, budget))
+        return split_turns(turns, budget, rows, lambda p: self.queue_settings_get(ex, p) is not None)
 
     def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         return ex.rows(self.sql("claim:limited", lambda: self._claim_statement(guarded=False)), params)
@@ -376,45 +392,101 @@ class PostgresBackend(Backend):
         # each use reads it as ``(TABLE c)``: the shortest scalar subquery there is
         now = sa.literal_column(f"(TABLE {clock.name})", sa.Double)
         # 1. exhausted reclaimables move to dead in the same statement as the claim
-        exhausted = _materialized(
-            sa.select(j.c.id).where(self._exhausted(j, now)).with_for_update(skip_locked=True),
-            "spent",
-        )
-        g: Any = jobs.alias("g")  # an Alias at run time; typed as a NamedFromClause
-        # a one-letter CTE name: the burial reads every job column through it (4 KiB, above)
-        gone = (
-            sa.delete(g)
-            .where(g.c.id.in_(sa.select(exhausted.c.id)))
-            .returning(*[sa.literal_column(c) for c in self.DEAD_INSERT_COLUMNS[:-2]], EXHAUSTED_SQL, now)
-            .cte("d")
-        )
-        # the DELETE returns each dead row in the INSERT's column order (its columns
-        # unqualified: the DELETE reads no other table), so the INSERT takes SELECT * (4 KiB)
-        buried = sa.insert(dead_jobs).from_select(
-            self.DEAD_INSERT_COLUMNS, sa.select(sa.literal_column("*")).select_from(gone)
-        ).cte("buried")
-        # 2. each candidate scan locks what it takes and skips what others hold. Ready rows
-        # are read one priority at a time, highest first: for each priority of the walk, an
-        # index range bounded by run_at <= now (LATERAL), so delayed rows of higher
-        # priorities are never stepped over; the outer LIMIT stops the walk (and the
-        # locking) once n rows are locked: the first n in claim order.
+        buried = self._burial(j, now, self._exhausted(j, now))
+        # 2. each candidate scan locks what it takes and skips what others hold: the ready
+        # rows (the priority walk) and the lapsed claims, the first n of each in claim order
         _, lapsed = self._claimable(j, now)
-        pr = self._priorities(j, now=now)
-        ready = (
-            sa.select(j.c.id, j.c.priority, j.c.run_at)
-            .where(*self._ready(j, now), j.c.priority == pr.c.p)
-            .order_by(j.c.run_at, j.c.id)
-            .limit(arg("n"))
-            .with_for_update(skip_locked=True)
-            .lateral("x")
-        )
-        pend = _materialized(sa.select(ready).select_from(pr, ready).limit(arg("n")), "pend")
+        pend = _materialized(self._walk(j, now), "pend")
         recl = _materialized(lapsed.limit(arg("n")).with_for_update(skip_locked=True), "recl")
         both = sa.union_all(sa.select(pend), sa.select(recl))
         cand = both.selected_columns
         picked = _materialized(
             both.order_by(cand.priority.desc(), cand.run_at, cand.id).limit(arg("n")), "pick"
         )
+        return self._hand_out(picked, now, clock, buried)
+
+    def _claim_turns_statement(self) -> sa.Executable:
+        """Queues taking turns, claimed in one statement: each queue of ``:queues`` in
+        order takes up to ``:n`` jobs (the single claim's candidates, in its order) until
+        ``:budget`` are taken in all — what a claim per queue, each with ``:n`` at most what
+        is left, would take, in one round trip. A queue with settings takes nothing (it is
+        claimed by ``claim_limited``), and neither is anything of it buried."""
+        j = jobs.alias("j")
+        clock = sa.select(self.now().label("t")).cte("c")
+        now = sa.literal_column(f"(TABLE {clock.name})", sa.Double)
+        s = queue_settings.alias("s")
+        queues = bp("queues", postgresql.ARRAY(sa.Text))
+        # 1. the exhausted reclaimables of every listed queue without settings
+        buried = self._burial(
+            j, now,
+            sa.and_(
+                self._exhausted(j, now, j.c.queue == sa.any_(queues)),
+                ~sa.select(ONE).where(s.c.queue == j.c.queue).exists(),
+            ),
+        )
+        # 2. the queues in turn order (a function scan, read in order by the nested loop
+        # each LATERAL below makes), each with the clock reading — none when it has
+        # settings, so it is skipped — and its turn: the single claim's two candidate
+        # scans (the priority walk written inside it), the first :n in claim order. The
+        # outer LIMIT stops the turns, and their locking, once :budget rows are taken.
+        # outer columns are named, not referenced: SQLAlchemy correlates a subquery with the
+        # FROM list one level up only, and would add the queues to every scan's own FROM
+        q = sa.func.unnest(queues).table_valued("value").render_derived().alias("q")
+        qv = sa.literal_column("q.value", sa.Text)
+        qc = sa.select(clock.c.t).where(~sa.select(ONE).where(s.c.queue == qv).exists()).lateral("qc")
+        qnow = sa.literal_column("qc.t", sa.Double)
+        pend = self._walk(j, qnow, qv).subquery("pe")
+        _, lapsed = self._claimable(j, qnow, qv)
+        recl = lapsed.limit(arg("n")).with_for_update(skip_locked=True).subquery("re")
+        both = sa.union_all(sa.select(pend), sa.select(recl))
+        cand = both.selected_columns
+        turn = both.order_by(cand.priority.desc(), cand.run_at, cand.id).limit(arg("n")).lateral("y")
+        picked = _materialized(
+            sa.select(turn.c.id)
+            .select_from(q.join(qc, sa.true()).join(turn, sa.true()))
+            .limit(arg("budget")),
+            "pick",
+        )
+        return self._hand_out(picked, now, clock, buried)
+
+    def _walk(self, j: Any, now: Any, queue: Any = None) -> sa.Select[Any]:
+        """The claim's pending candidates: up to ``:n`` ready rows in claim order, locked
+        (skipping what others hold). For each priority of the walk (highest first) an index
+        range bounded by ``run_at <= now`` (LATERAL), so delayed rows of higher priorities
+        are never stepped over; the outer LIMIT stops the walk, and the locking, once ``:n``
+        rows are locked. ``queue``: the queue's name as an expression (the walk is then
+        written inside the select, where that name is in scope)."""
+        pr = self._priorities(j, now=now, queue=queue, nesting=queue is not None)
+        ready = (
+            sa.select(j.c.id, j.c.priority, j.c.run_at)
+            .where(*self._ready(j, now, queue), j.c.priority == pr.c.p)
+            .order_by(j.c.run_at, j.c.id)
+            .limit(arg("n"))
+            .with_for_update(skip_locked=True)
+            .lateral("x")
+        )
+        return sa.select(ready).select_from(pr, ready).limit(arg("n"))
+
+    def _burial(self, j: Any, now: Any, exhausted: sa.ColumnElement[bool]) -> sa.CTE:
+        """The claim's first step: the ``exhausted`` rows (locked, skipping what others
+        hold) deleted and inserted into dead storage."""
+        spent = _materialized(sa.select(j.c.id).where(exhausted).with_for_update(skip_locked=True), "spent")
+        g: Any = jobs.alias("g")  # an Alias at run time; typed as a NamedFromClause
+        # a one-letter CTE name: the burial reads every job column through it (4 KiB, above)
+        gone = (
+            sa.delete(g)
+            .where(g.c.id.in_(sa.select(spent.c.id)))
+            .returning(*[sa.literal_column(c) for c in self.DEAD_INSERT_COLUMNS[:-2]], EXHAUSTED_SQL, now)
+            .cte("d")
+        )
+        # the DELETE returns each dead row in the INSERT's column order (its columns
+        # unqualified: the DELETE reads no other table), so the INSERT takes SELECT * (4 KiB)
+        return sa.insert(dead_jobs).from_select(
+            self.DEAD_INSERT_COLUMNS, sa.select(sa.literal_column("*")).select_from(gone)
+        ).cte("buried")
+
+    def _hand_out(self, picked: sa.CTE, now: Any, clock: sa.CTE, buried: sa.CTE) -> sa.Executable:
+        """The claim's last step: the picked rows become this worker's, returned whole."""
         u: Any = jobs.alias("u")
         return (
             sa.update(u)
@@ -455,43 +527,39 @@ class PostgresBackend(Backend):
     def ack_and_claim_turns(
         self, ex: Executor, acks: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], budget: int
     ) -> tuple[list[tuple[int, int]], list[Turn]]:
-        # BEGIN, the acks and the first claim sent together in psycopg's pipeline mode. With
-        # one queue (a worker's usual round) COMMIT goes with them and the claim's rows are
-        # read after it: one round trip and one commit, where separate statements take two
-        # of each. Queues taking turns need each claim's rows before the next turn: a round
-        # trip per turn, and one for COMMIT.
+        # BEGIN, the acks, the claim and COMMIT sent together in psycopg's pipeline mode,
+        # the rows read after it: one round trip and one commit, where separate statements
+        # take two of each. Queues taking turns are one statement too.
         driver_connection = getattr(ex, "driver_connection", None)
         if driver_connection is None or not _pipeline_supported():
             return super().ack_and_claim_turns(ex, acks, turns, budget)
-        claim_sql = self.sql("claim", lambda: self._claim_statement(guarded=True))
+        if len(turns) == 1:
+            claim_sql = self.sql("claim", lambda: self._claim_statement(guarded=True))
+            params = {**turns[0], "n": min(turns[0]["n"], budget)}
+        else:
+            claim_sql = self.sql("claim:turns", self._claim_turns_statement)
+            params = _turns_params(turns, budget)
         conn = driver_connection()
-        taken: list[Turn] | None = None
         try:
             with conn.pipeline():
                 conn.execute("BEGIN")
                 acked = conn.execute(self._ack_claims_sql(acks), acks)
-                if len(turns) == 1:
-                    turn = {**turns[0], "n": min(turns[0]["n"], budget)}
-                    claimed = conn.execute(claim_sql, turn)
-                else:
-                    taken = claim_in_turn(
-                        turns, budget, lambda p: conn.execute(claim_sql, p).fetchall(),
-                        lambda p: self.queue_settings_get(ex, p) is not None,
-                    )
+                claimed = conn.execute(claim_sql, params)
                 conn.execute("COMMIT")
             landed = [(r[0], r[1]) for r in acked.fetchall()]
-            rows = claimed.fetchall() if taken is None else []
+            rows = claimed.fetchall()
         except AlkstoreError:
             self.rollback_quietly(conn)
             raise
         except Exception as exc:
             self.rollback_quietly(conn)
             raise self.translate_error(exc) from exc
-        if taken is not None:
-            return landed, taken
-        if not rows and self.queue_settings_get(ex, turn) is not None:
-            return landed, [(turn["n"], None)]  # it has settings: claimed by claim_limited
-        return landed, [(turn["n"], rows)]
+        has_settings = lambda p: self.queue_settings_get(ex, p) is not None  # noqa: E731
+        if len(turns) > 1:
+            return landed, split_turns(turns, budget, rows, has_settings)
+        if not rows and has_settings(params):
+            return landed, [(params["n"], None)]  # it has settings: claimed by claim_limited
+        return landed, [(params["n"], rows)]
 
     def rollback_quietly(self, dbapi_conn: Any) -> None:
         """End the transaction a failed pipeline left open (aborted), if the connection is

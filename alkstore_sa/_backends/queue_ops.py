@@ -73,6 +73,34 @@ def claim_in_turn(
     return taken
 
 
+def split_turns(
+    turns: Sequence[Mapping[str, Any]],
+    budget: int,
+    rows: list[tuple[Any, ...]],
+    has_settings: Callable[[Mapping[str, Any]], bool],
+) -> list[Turn]:
+    """The turns of ``claim_in_turn`` read from one statement's ``rows`` that claimed for
+    them all (each queue in order up to its ``:n`` and what was left of ``budget``;
+    ``PostgresBackend._claim_turns_statement``): the same results, one per turn reached."""
+    by_queue: dict[str, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        by_queue.setdefault(row[1], []).append(row)  # JOB_FIELDS: id, queue, ...
+    taken: list[Turn] = []
+    for params in turns:
+        if budget <= 0:
+            break
+        n = min(params["n"], budget)
+        got = by_queue.pop(params["queue"], [])
+        if not got and has_settings(params):
+            taken.append((n, None))
+            continue
+        taken.append((n, got))
+        budget -= len(got)
+    if by_queue:  # claimed jobs that no turn hands out would run nowhere until they lapse
+        raise AssertionError(f"a claim of turns took jobs of queues past its budget: {sorted(by_queue)}")
+    return taken
+
+
 class QueueOps(Core):
     """Queue statements: enqueue, claim, the handle transitions, cancel, reads, dead-letter requeue, sweep."""
 
@@ -217,7 +245,7 @@ class QueueOps(Core):
         transaction, PostgreSQL one claim statement each on the same connection."""
 
     def _priorities(
-        self, t: Any = jobs, *, nesting: bool = False, now: Any = None, capped: bool = False
+        self, t: Any = jobs, *, nesting: bool = False, now: Any = None, capped: bool = False, queue: Any = None
     ) -> sa.CTE:
         """The distinct priorities of the queue's pending rows, highest first (``pr.p``, at
         depth ``pr.d``), as a loose index scan of the claim index: each step is one probe
@@ -232,8 +260,9 @@ class QueueOps(Core):
         ``now``, the probes after ``WALK_LEVELS`` levels look for the next priority that
         has a due row (stepping over the delayed rows in between, as that scan did, each
         row once); ``capped``, the walk stops after ``WALK_LEVELS`` levels, its last row
-        then being where the caller's own ordered scan takes over."""
-        pending = [t.c.queue == arg("queue"), t.c.state == PENDING]
+        then being where the caller's own ordered scan takes over. ``queue``: the queue's
+        name as an expression (default: the ``:queue`` parameter)."""
+        pending = [t.c.queue == (arg("queue") if queue is None else queue), t.c.state == PENDING]
         pr = sa.select(TOP_PRIORITY.label("p"), ZERO.label("d")).cte("pr", recursive=True, nesting=nesting)
         if now is not None:
             pending.append(sa.or_(pr.c.d < WALK_LEVELS, t.c.run_at <= now))
@@ -243,22 +272,23 @@ class QueueOps(Core):
             sa.select(lower.scalar_subquery().label("p"), (pr.c.d + ONE).label("d")).where(*more)
         )
 
-    def _ready(self, t: Any, now: Any) -> list[sa.ColumnElement[bool]]:
+    def _ready(self, t: Any, now: Any, queue: Any = None) -> list[sa.ColumnElement[bool]]:
         """Ready pending rows of the queue: due, and not expired."""
         return [
-            t.c.queue == arg("queue"),
+            t.c.queue == (arg("queue") if queue is None else queue),
             t.c.state == PENDING,
             t.c.run_at <= now,
             self.not_expired(t, now),
         ]
 
     def _claimable(
-        self, t: Any = jobs, now: Any = None
+        self, t: Any = jobs, now: Any = None, queue: Any = None
     ) -> tuple[sa.Select[Any] | sa.CompoundSelect, sa.Select[Any]]:
         """The two candidate scans, each up to ``:n`` rows in claim order: ready pending
         rows, and processing rows whose claim lapsed with attempts left (reclaims). ``t``
         may be an alias of the jobs table and ``now`` a reference to the statement's one
-        clock reading (shorter SQL: see PostgresBackend.claim).
+        clock reading (shorter SQL: see PostgresBackend.claim), ``queue`` an expression
+        for the queue's name (default: the ``:queue`` parameter).
 
         The pending side (SQLite's; PostgreSQL's claim reads it its own way) reads the
         claim index once per priority the queue holds (``IN`` the walk of
@@ -270,12 +300,12 @@ class QueueOps(Core):
         now = self.now() if now is None else now
         order = (t.c.priority.desc(), t.c.run_at, t.c.id)
         cols = (t.c.id, t.c.priority, t.c.run_at)
-        queue = t.c.queue == arg("queue")
-        pr = self._priorities(t, capped=True)
+        name = arg("queue") if queue is None else queue
+        pr = self._priorities(t, capped=True, queue=name)
         # below the walk's lowest level: when the walk ended first, no pending row is there
         floor = sa.select(sa.func.min(pr.c.p)).scalar_subquery()
-        walked = sa.select(*cols).where(*self._ready(t, now), t.c.priority.in_(sa.select(pr.c.p)))
-        rest = sa.select(*cols).where(*self._ready(t, now), t.c.priority < floor)
+        walked = sa.select(*cols).where(*self._ready(t, now, name), t.c.priority.in_(sa.select(pr.c.p)))
+        rest = sa.select(*cols).where(*self._ready(t, now, name), t.c.priority < floor)
         pending = sa.union_all(
             sa.select(self.limit(walked.order_by(*order), "n").subquery("walked")),
             sa.select(self.limit(rest.order_by(*order), "n").subquery("rest")),
@@ -283,7 +313,7 @@ class QueueOps(Core):
         lapsed = (
             sa.select(*cols)
             .where(
-                queue,
+                t.c.queue == name,
                 t.c.state == PROCESSING,
                 t.c.claim_expires_at <= now,
                 t.c.attempts < t.c.max_attempts,
@@ -293,11 +323,12 @@ class QueueOps(Core):
         )
         return pending, self.limit(lapsed, "n")
 
-    def _exhausted(self, t: Any = jobs, now: Any = None) -> sa.ColumnElement[bool]:
-        """Reclaimable rows that already used every attempt: they go dead before a claim."""
+    def _exhausted(self, t: Any = jobs, now: Any = None, queue: Any = None) -> sa.ColumnElement[bool]:
+        """Reclaimable rows that already used every attempt: they go dead before a claim.
+        ``queue``: a condition on the queue column (default: equal to ``:queue``)."""
         now = self.now() if now is None else now
         return sa.and_(
-            t.c.queue == arg("queue"),
+            (t.c.queue == arg("queue")) if queue is None else queue,
             t.c.state == PROCESSING,
             t.c.claim_expires_at <= now,
             t.c.attempts >= t.c.max_attempts,

@@ -21,6 +21,7 @@ priorities are never read one by one), and nothing may scan the jobs table seque
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Iterator
@@ -269,6 +270,32 @@ def test_pg_generic_claim_plan_is_an_index_scan(pg_loaded: Loaded, clock: str) -
     print(f"\nPostgreSQL generic claim plan ({clock}):\n{text}")
     assert "$1" in text or "$2" in text, f"not a generic plan:\n{text}"
     assert_pg_claim_plan(plan, text)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_pg_claim_of_turns_plan_is_index_scans(pg_loaded: Loaded, generic: bool) -> None:
+    """Queues taking turns (one statement): every turn reads the claim index the way the
+    single claim does — the priority walk and the run_at-bounded ranges, by queue — and no
+    table is scanned, in the custom plan and in the generic one a worker's prepared
+    statement ends up with."""
+    backend = pg_loaded.store.backend
+    sql = backend.sql("claim:turns", backend._claim_turns_statement)
+    params = {"queues": ["explain-empty", BIG], "worker_id": "w-explain", "n": 10, "budget": 15,
+              "now": pg_loaded.now}
+    explain = pg_explain_generic if generic else functools.partial(pg_explain, analyze=True)
+    plan, text = explain(pg_loaded.target, sql, params)
+    print(f"\nPostgreSQL claim of turns plan ({'generic' if generic else 'custom'}):\n{text}")
+    scans = pg_table_scans(plan)
+    assert scans, text
+    for scan in scans:
+        assert scan["Node Type"] in ("Index Scan", "Index Only Scan"), (
+            f"{scan['Node Type']} on {scan['Relation Name']} in the claim of turns:\n{text}"
+        )
+    pending = [n for n, _ in walk(plan) if n.get("Index Name") == PENDING_IX]
+    assert all("queue" in n.get("Index Cond", "") for n in pending), text
+    assert any("priority <" in n.get("Index Cond", "") for n in pending), f"the priority walk:\n{text}"
+    assert any(re.search(r"priority = .*run_at <=", n.get("Index Cond", "")) for n in pending), text
+    assert "Sort Key: j.run_at" not in text, f"ready rows sorted instead of read in index order:\n{text}"
 
 
 # -- SQLite plans -------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
+from alkstore_sa import queue as queue_mod
 from alkstore_sa import tracing
 from tests.every_op import run_every_operation
 from tests.support import FakeClock, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
@@ -130,6 +131,7 @@ def compile_everything(target: Target) -> Compiled:
             q.enqueue(PAYLOAD, unique_key=UNIQUE + "traced")
         finally:
             tracing.uninstrument()
+        queue_mod.claim_turns(store, WORKER, [q, store.queue(QUEUE + "-turn")], 2, 3)  # queues taking turns
         raw = dict(store.backend._sql)
         sql = {k: norm(v) for k, v in raw.items()}
     finally:
@@ -415,6 +417,40 @@ def test_pg_claim_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> 
     clock = the_cte(ctes, "pg_catalog.statement_timestamp()")
     assert [c.name for c in ctes].index(clock.name) == 0 and sql.count("statement_timestamp") == 1
     assert [c.name for c in ctes].index(buried.name) < [c.name for c in ctes].index(pend.name)
+
+
+def test_pg_claim_of_turns_is_one_fenced_skip_locked_statement(pg_compiled: Compiled) -> None:
+    """Queues taking turns: one statement, each queue's turn a LATERAL of the single claim's
+    scans (locking with SKIP LOCKED, bounded by :n), under one MATERIALIZED pick bounded by
+    the budget that the UPDATE joins."""
+    compiled = pg_compiled
+    sql = compiled.sql["claim:turns"]
+    jobs = compiled.t("alkstore_jobs")
+    assert ";" not in sql
+    ctes, main = split_with(sql)
+    assert sql.count("FOR UPDATE") == sql.count("FOR UPDATE SKIP LOCKED") == 3, (
+        "the exhausted, pending and reclaim scans must each lock with SKIP LOCKED (and only they)"
+    )
+    assert [c.name for c in ctes] == ["c", "spent", "d", "buried", "pick"], [c.name for c in ctes]
+    eq = compiled.op("=")
+    spent, pick = ctes[1], ctes[4]
+    assert spent.materialized and f"j.queue{eq}ANY (%(queues)s" in spent.body
+    assert "alkstore_queue_settings AS s WHERE s.queue" in spent.body  # nothing of a queue with settings
+    # the queues in order, each with the clock unless it has settings, then its turn
+    assert pick.materialized and pick.body.startswith(
+        "SELECT y.id AS id FROM pg_catalog.unnest(%(queues)s::pg_catalog.text[]) AS q(value) "
+        "JOIN LATERAL (SELECT c.t AS t FROM c WHERE NOT (EXISTS (SELECT 1 FROM "
+    ), pick.body[:200]
+    assert re.search(r"\) AS y ON true LIMIT %\(budget\)s(::INTEGER)?$", pick.body), pick.body[-80:]
+    assert re.search(r"LIMIT %\(n\)s(::INTEGER)? FOR UPDATE SKIP LOCKED\) AS x LIMIT %\(n\)s", pick.body)
+    assert f"j.queue{eq}q.value" in pick.body and "qc.t" in pick.body
+    # no scan of a turn reads the queues or the clock row again (each names them, one level up)
+    assert pick.body.count("pg_catalog.unnest(") == 1 and pick.body.count("FROM c ") == 1
+    assert main.startswith(f"UPDATE {jobs} AS u SET state='processing'")
+    assert " FROM pick WHERE u.id" in main and "LIMIT" not in main
+    # psycopg's 4 KiB parse cache (see the single claim): kept for schema names up to ~45 bytes
+    if len(compiled.schema) <= 45:
+        assert len(compiled.raw["claim:turns"]) <= 4096, len(compiled.raw["claim:turns"])
 
 
 def test_pg_moves_are_single_statements(pg_compiled: Compiled) -> None:

@@ -297,3 +297,36 @@ def rescue(spec: dict[str, Any]) -> dict[str, Any]:
         return {"claims": claims}
     finally:
         store.close()
+
+
+# -- 2b. queues taking turns: one claim call across several queues ---------------------------
+
+
+def claim_turns(spec: dict[str, Any]) -> dict[str, Any]:
+    """Claim (no ack) from the spec's queues taking turns (``queue.claim_turns``, ``want``
+    each, a budget cycling through ``budgets``) until two calls in a row take nothing;
+    report each call's ``[budget, claimed]`` and every claimed ``[queue, id]``."""
+    from alkstore_sa import queue as queue_mod
+
+    store = open_store(spec)
+    try:
+        queues = [store.queue(name) for name in spec["queues"]]
+        budgets: list[int] = spec["budgets"]
+        calls: list[list[int]] = []
+        claimed: list[list[Any]] = []
+        deadline = time.monotonic() + spec["max_seconds"]
+        i = spec["offset"]
+        empty = 0
+        while time.monotonic() < deadline and empty < 2:
+            budget = budgets[i % len(budgets)]
+            # each call starts its turns at another queue, as the worker's round-robin does
+            order = queues[i % len(queues):] + queues[: i % len(queues)]
+            i += 1
+            taken = queue_mod.claim_turns(store, spec["worker_id"], order, spec["want"], budget)
+            got = [h for _n, hs in taken for h in hs or []]
+            calls.append([budget, len(got)])
+            claimed.extend([h.job.queue, h.id] for h in got)
+            empty = empty + 1 if not got else 0
+        return {"calls": calls, "claimed": claimed}
+    finally:
+        store.close()
