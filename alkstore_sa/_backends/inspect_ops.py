@@ -12,6 +12,11 @@ from .core import Core
 from .sql import NEXT_DUE_PRIORITIES, ONE, PENDING, PROCESSING, ZERO, Executor, bp
 
 
+def seconds_until(next_run: float | None, next_lapse: float | None, now: float) -> float | None:
+    times = [t for t in (next_run, next_lapse) if t is not None]
+    return None if not times else max(0.0, min(times) - now)
+
+
 class InspectOps(Core):
     """Read-only queue views: the next due time, per-queue stats, the operator's overview."""
 
@@ -27,50 +32,56 @@ class InspectOps(Core):
         ``run_at`` of each), for the top ``NEXT_DUE_PRIORITIES`` priorities — never a scan
         of the backlog.
         """
+        sql = self.sql("next_due", lambda: self._next_due_select(bp("queue", sa.Text)))
+        next_run, next_lapse, now = ex.rows(sql, params)[0]
+        return seconds_until(next_run, next_lapse, now)
 
-        def build() -> sa.Executable:
-            queue = bp("queue", sa.Text)
-            pending = sa.and_(jobs.c.queue == queue, jobs.c.state == PENDING)
-            prios = (
-                sa.select(sa.func.max(jobs.c.priority).label("p"), ONE.label("depth"))
-                .where(pending)
-                .cte("prios", recursive=True)
-            )
-            lower = (
-                sa.select(sa.func.max(jobs.c.priority))
-                .where(pending, jobs.c.priority < prios.c.p)
-                .scalar_subquery()
-            )
-            prios = prios.union_all(
-                sa.select(lower, prios.c.depth + ONE).where(
-                    prios.c.p.is_not(None),
-                    prios.c.depth < sa.literal_column(str(NEXT_DUE_PRIORITIES)),
-                )
-            )
-            # The index walk of each probe stops at the first row that is still alive when
-            # it comes due; expired rows in front of it (unswept) are the only ones it passes.
-            first_run_at = (
-                sa.select(sa.func.min(jobs.c.run_at))
-                .where(pending, jobs.c.priority == prios.c.p, self._alive_at(jobs.c.run_at))
-                .scalar_subquery()
-            )
-            next_run = sa.select(sa.func.min(first_run_at)).where(prios.c.p.is_not(None)).scalar_subquery()
-            # A lapsed claim with attempts left is reclaimed, one without is buried by the
-            # claim: either way only an unexpired row is touched.
-            next_lapse = (
-                sa.select(sa.func.min(jobs.c.claim_expires_at))
-                .where(
-                    jobs.c.queue == queue,
-                    jobs.c.state == PROCESSING,
-                    self._alive_at(jobs.c.claim_expires_at),
-                )
-                .scalar_subquery()
-            )
-            return sa.select(next_run, next_lapse, self.now())
+    def next_due_many(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, float | None]:
+        """``next_due`` of each queue of ``:queues``, by name (the worker's queues that
+        went idle in one round). Here one ``next_due`` each on ``ex``; PostgreSQL reads
+        them all in one statement."""
+        return {queue: self.next_due(ex, {**params, "queue": queue}) for queue in params["queues"]}
 
-        next_run, next_lapse, now = ex.rows(self.sql("next_due", build), params)[0]
-        times = [t for t in (next_run, next_lapse) if t is not None]
-        return None if not times else max(0.0, min(times) - now)
+    def _next_due_select(self, queue: Any, *, nesting: bool = False) -> sa.Select[Any]:
+        """(next ready run_at, next lapse, now) of the queue named by ``queue`` (an
+        expression); ``nesting``: the priority walk is written inside the select."""
+        pending = sa.and_(jobs.c.queue == queue, jobs.c.state == PENDING)
+        prios = (
+            sa.select(sa.func.max(jobs.c.priority).label("p"), ONE.label("depth"))
+            .where(pending)
+            .cte("prios", recursive=True, nesting=nesting)
+        )
+        lower = (
+            sa.select(sa.func.max(jobs.c.priority))
+            .where(pending, jobs.c.priority < prios.c.p)
+            .scalar_subquery()
+        )
+        prios = prios.union_all(
+            sa.select(lower, prios.c.depth + ONE).where(
+                prios.c.p.is_not(None),
+                prios.c.depth < sa.literal_column(str(NEXT_DUE_PRIORITIES)),
+            )
+        )
+        # The index walk of each probe stops at the first row that is still alive when
+        # it comes due; expired rows in front of it (unswept) are the only ones it passes.
+        first_run_at = (
+            sa.select(sa.func.min(jobs.c.run_at))
+            .where(pending, jobs.c.priority == prios.c.p, self._alive_at(jobs.c.run_at))
+            .scalar_subquery()
+        )
+        next_run = sa.select(sa.func.min(first_run_at)).where(prios.c.p.is_not(None)).scalar_subquery()
+        # A lapsed claim with attempts left is reclaimed, one without is buried by the
+        # claim: either way only an unexpired row is touched.
+        next_lapse = (
+            sa.select(sa.func.min(jobs.c.claim_expires_at))
+            .where(
+                jobs.c.queue == queue,
+                jobs.c.state == PROCESSING,
+                self._alive_at(jobs.c.claim_expires_at),
+            )
+            .scalar_subquery()
+        )
+        return sa.select(next_run.label("r"), next_lapse.label("l"), self.now().label("t"))
 
     def _alive_at(self, moment: Any) -> sa.ColumnElement[bool]:
         """Not expired now, nor by ``moment`` (when a claim would next look at the row)."""

@@ -77,28 +77,30 @@ def split_turns(
     turns: Sequence[Mapping[str, Any]],
     budget: int,
     rows: list[tuple[Any, ...]],
-    has_settings: Callable[[Mapping[str, Any]], bool],
+    with_settings: Callable[[list[str]], set[str]],
 ) -> list[Turn]:
     """The turns of ``claim_in_turn`` read from one statement's ``rows`` that claimed for
     them all (each queue in order up to its ``:n`` and what was left of ``budget``;
-    ``PostgresBackend._claim_turns_statement``): the same results, one per turn reached."""
+    ``PostgresBackend._claim_turns_statement``): the same results, one per turn reached.
+    ``with_settings(names)``: which of these queues have settings — asked once, and only
+    about the turns that came back empty (an empty turn takes nothing from the budget, so
+    which turns are reached does not depend on the answer)."""
     by_queue: dict[str, list[tuple[Any, ...]]] = {}
     for row in rows:
         by_queue.setdefault(row[1], []).append(row)  # JOB_FIELDS: id, queue, ...
-    taken: list[Turn] = []
+    reached: list[tuple[str, int, list[tuple[Any, ...]]]] = []
     for params in turns:
         if budget <= 0:
             break
         n = min(params["n"], budget)
         got = by_queue.pop(params["queue"], [])
-        if not got and has_settings(params):
-            taken.append((n, None))
-            continue
-        taken.append((n, got))
+        reached.append((params["queue"], n, got))
         budget -= len(got)
     if by_queue:  # claimed jobs that no turn hands out would run nowhere until they lapse
         raise AssertionError(f"a claim of turns took jobs of queues past its budget: {sorted(by_queue)}")
-    return taken
+    empty = [queue for queue, _n, got in reached if not got]
+    limited = with_settings(empty) if empty else set()
+    return [(n, None if queue in limited else got) for queue, n, got in reached]
 
 
 class QueueOps(Core):

@@ -135,6 +135,11 @@ class _Source:
         return self.not_before if self.woken else max(self.not_before, self.due)
 
 
+_Idle = tuple[_Source, int, bool]
+"""A queue whose claim came back short: (source, its finished count before the claim,
+whether the round was still clean)."""
+
+
 class Claimer:
     """Claims for one worker from its queues; hands each batch to ``start`` (roster + runner)."""
 
@@ -305,6 +310,7 @@ class Claimer:
         # slots, after the last one served (the others go first next round)
         first = ready[0] if len(ready) <= free else ready[len(shares) - 1]
         self._next = (self._index[first.queue.name] + 1) % len(self.sources)
+        idle: list[_Idle] = []
         for s, want in zip(ready, shares, strict=False):  # the ready queues past the shares wait
             if want <= 0:
                 break
@@ -319,12 +325,13 @@ class Claimer:
             except AlkstoreError as exc:
                 self._failed(s, exc)
                 if ride is not None:
-                    return  # its slots are not free until the acks are written on their own
+                    break  # its slots are not free until the acks are written on their own
                 continue
             if handles is None:
                 s.woken = True  # it has settings after all: claimed through its limits next round
                 continue
-            clean = self._claimed(s, want, handles, finishes, clean)
+            clean = self._claimed(s, want, handles, finishes, clean, idle)
+        self._rest(idle)
 
     def _claim_with(self, ride: Ride, sources: list[_Source], budget: int) -> list[tuple[int, list[JobHandle] | None]]:
         """The acks of ``ride`` and the claims of ``sources`` in turn (up to ``batch_size``
@@ -357,19 +364,25 @@ class Claimer:
         self._next = (self._index[served.queue.name] + 1) % len(self.sources)
         for s in ready[len(taken):]:
             s.woken = True  # not reached: the budget was spent before its turn
+        idle: list[_Idle] = []
         for s, (want, handles), done in zip(ready, taken, finishes, strict=False):
             if handles is None:
                 s.woken = True  # it has settings: claimed through its limits next round
                 continue
-            clean = self._claimed(s, want, handles, done, clean)
+            clean = self._claimed(s, want, handles, done, clean, idle)
+        self._rest(idle)
 
     def _failed(self, s: _Source, exc: AlkstoreError) -> None:
         s.woken = True  # try again once the backoff is over
         s.not_before = time.monotonic() + s.outage.failed(exc)
 
-    def _claimed(self, s: _Source, want: int, handles: list[JobHandle], finishes: int, clean: bool) -> bool:
+    def _claimed(
+        self, s: _Source, want: int, handles: list[JobHandle], finishes: int, clean: bool, idle: list[_Idle]
+    ) -> bool:
         """Deal with one queue's claim of up to ``want`` jobs (``finishes``: its count of
-        our finished jobs before the claim); whether the round is still clean."""
+        our finished jobs before the claim): its jobs start now; a short claim puts it on
+        ``idle`` (``_rest``, once the round's claims are dealt with). Whether the round is
+        still clean."""
         s.not_before = 0.0
         s.outage.recovered()
         if handles:
@@ -379,7 +392,18 @@ class Claimer:
         if len(handles) == want:
             s.woken = True  # a full batch: there may be more
         else:
-            s.due = time.monotonic() + self._idle_wait(s)
+            idle.append((s, finishes, clean))
+        return clean
+
+    def _rest(self, idle: list[_Idle]) -> None:
+        """The queues whose claims came back short sleep until their next due time or their
+        limits (``_idle_waits``: one read for them all), and wait for a wake."""
+        if not idle:
+            return
+        waits = self._idle_waits([s for s, _, _ in idle])
+        now = time.monotonic()
+        for (s, finishes, clean), wait in zip(idle, waits, strict=True):
+            s.due = now + wait
             if s.capped and s.finishes != finishes:
                 s.woken = True  # one of ours finished while the limit was being read
             if clean:
@@ -389,7 +413,6 @@ class Claimer:
             # waiting from now on; the hub wakes the queue once more when its presence
             # is settled, for the enqueues that looked before it was taken
             self.advertise(s.queue.name)
-        return clean
 
     def _sleep(self, free: int) -> float:
         """Seconds until a queue becomes ready (at most poll_interval); with no free slot,
@@ -399,24 +422,36 @@ class Claimer:
         until = min(s.ready_at() for s in self.sources) - time.monotonic()
         return min(self.poll_interval, max(until, 0.001))
 
-    def _idle_wait(self, s: _Source) -> float:
-        """Sleep until the next delayed job is due or a claim lapses, at most poll_interval.
-        A queue whose settings hold claims back (paused, a full concurrency limit or rate
-        window) sleeps until they could let one through instead: the rate window's next
-        free place, a lapse, or a wake (a resume, a raised limit, one of our jobs done)."""
-        queue = s.queue
-        store = queue.store
-        try:
-            held = limit_wait(store, queue.name)
+    def _idle_waits(self, sources: list[_Source]) -> list[float]:
+        """For each queue: sleep until its next delayed job is due or a claim lapses, at
+        most poll_interval. A queue whose settings hold claims back (paused, a full
+        concurrency limit or rate window) sleeps until they could let one through instead:
+        the rate window's next free place, a lapse, or a wake (a resume, a raised limit, one
+        of our jobs done). The next due times of the others are one read
+        (``next_due_many``: on PostgreSQL one statement however many queues went idle)."""
+        store = sources[0].queue.store
+        waits: dict[_Source, float] = {}
+        for s in sources:
+            try:
+                held = limit_wait(store, s.queue.name)
+            except AlkstoreError as exc:
+                log.warning("could not read the limits of %r: %s", s.queue.name, exc)
+                waits[s] = self.poll_interval
+                continue
             s.capped = held is not None and held[1]
             if held is not None:
                 wait = held[0]
-                return self.poll_interval if wait is None else min(self.poll_interval, wait + 0.001)
-            with store.executor() as ex:
-                due = store.backend.next_due(ex, {"queue": queue.name, "now": store.now()})
-        except AlkstoreError as exc:
-            log.warning("could not read the next due time of %r: %s", queue.name, exc)
-            return self.poll_interval
-        if due is None:
-            return self.poll_interval
-        return min(self.poll_interval, due + 0.001)
+                waits[s] = self.poll_interval if wait is None else min(self.poll_interval, wait + 0.001)
+        rest = [s for s in sources if s not in waits]
+        if rest:
+            names = [s.queue.name for s in rest]
+            try:
+                with store.executor() as ex:
+                    due = store.backend.next_due_many(ex, {"queues": names, "now": store.now()})
+            except AlkstoreError as exc:
+                log.warning("could not read the next due time of %s: %s", ", ".join(map(repr, names)), exc)
+                due = {}
+            for s in rest:
+                when = due.get(s.queue.name)
+                waits[s] = self.poll_interval if when is None else min(self.poll_interval, when + 0.001)
+        return [waits[s] for s in sources]

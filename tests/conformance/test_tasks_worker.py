@@ -673,8 +673,10 @@ def test_queues_outnumbering_free_slots_take_turns_with_batched_claims(
     w.run(burst=True)
     assert sorted(ran) == sorted(names * 4)
     handing_out = [n for _, n in claims if n]
-    # one job per statement would be 80 claims; turns of up to 4 need about 20-40
-    assert len(handing_out) <= 40, claims
+    # one job per statement would be 80 claims; turns of up to 4 need 20 when the four
+    # slots always free together, more when a loaded machine frees them a few at a time
+    # (42 seen once with the suite running beside it): the bound stays well short of 80
+    assert len(handing_out) <= 60, claims
 
 
 def test_a_queue_short_of_its_turn_leaves_the_rest_to_the_next_in_the_same_call(

@@ -261,6 +261,33 @@ def test_next_due_counts_only_rows_a_claim_would_take(store: alk.Store, qname: s
     assert next_due() == 0.0  # ready now: a claim would take it
 
 
+def test_next_due_of_many_queues_is_each_queues_next_due(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    """``next_due_many`` (a worker's queues that went idle in one round; PostgreSQL: one
+    statement) gives every queue what ``next_due`` gives it, in each state that counts."""
+    names = {k: f"{qname}-{k}" for k in ("empty", "expiring", "delayed", "lapse", "ready", "mixed")}
+    store.queue(names["expiring"]).enqueue({}, delay=50, expires=10)  # never claimable: None
+    store.queue(names["delayed"]).enqueue({}, delay=7, priority=-3)
+    store.queue(names["delayed"]).enqueue({}, delay=12, priority=4)
+    lapse = store.queue(names["lapse"], visibility_timeout=30)
+    lapse.enqueue({})
+    assert lapse.claim_one("gone") is not None
+    store.queue(names["ready"]).enqueue({})
+    mixed = store.queue(names["mixed"], visibility_timeout=20)
+    mixed.enqueue({}, delay=25)
+    mixed.enqueue({})
+    assert mixed.claim_one("gone") is not None
+    clock.advance(1)
+    with store.executor() as ex:
+        now = store.now()
+        each = {k: store.backend.next_due(ex, {"queue": n, "now": now}) for k, n in names.items()}
+        many = store.backend.next_due_many(ex, {"queues": list(names.values()), "now": now})
+    assert each == {
+        "empty": None, "expiring": None, "delayed": pytest.approx(6), "lapse": pytest.approx(29),
+        "ready": 0.0, "mixed": pytest.approx(19),
+    }
+    assert many == {names[k]: v for k, v in each.items()}
+
+
 # -- item 13: capped claim backoff, one log line per outage ---------------------------------
 
 
