@@ -570,13 +570,16 @@ class PostgresBackend(Backend):
                 conn.execute("BEGIN")
                 acked = conn.execute(self._ack_claims_sql(acks), acks)
                 claimed = conn.execute(claim_sql, params)
-                # which queues of the turns have settings, for any turn that comes back
-                # empty: read in the same round trip rather than asked afterwards
-                limited = conn.execute(self._with_settings_sql(), {"queues": [t["queue"] for t in turns]})
+                # queues taking turns: which of them have settings, for the turns that come
+                # back empty (some usually do), read in the same round trip. One queue's
+                # claim comes back empty rarely while draining: asked afterwards then.
+                limited = None
+                if len(turns) > 1:
+                    limited = conn.execute(self._with_settings_sql(), {"queues": [t["queue"] for t in turns]})
                 conn.execute("COMMIT")
             landed = [(r[0], r[1]) for r in acked.fetchall()]
             rows = claimed.fetchall()
-            with_settings = {r[0] for r in limited.fetchall()}
+            with_settings = set() if limited is None else {r[0] for r in limited.fetchall()}
         except AlkstoreError:
             self.rollback_quietly(conn)
             raise
@@ -585,7 +588,7 @@ class PostgresBackend(Backend):
             raise self.translate_error(exc) from exc
         if len(turns) > 1:
             return landed, split_turns(turns, budget, rows, with_settings.intersection)
-        if not rows and params["queue"] in with_settings:
+        if not rows and self.queue_settings_get(ex, params) is not None:
             return landed, [(params["n"], None)]  # it has settings: claimed by claim_limited
         return landed, [(params["n"], rows)]
 

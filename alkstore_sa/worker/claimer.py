@@ -13,12 +13,13 @@ How it chooses, each round (docs/worker.md, "Several queues"):
   the queues take **turns**: the first in that order takes up to ``batch_size`` of the
   free slots, the next one up to ``batch_size`` of what is left (a queue short of its turn
   leaves the rest to the next at once), and so on, all in one ``claim_turns`` call (one
-  SQLite transaction); the next round starts after the last one served. So 1,000 queues
-  of a few jobs each cost about one claim statement per turn, not one per job;
+  PostgreSQL statement, one SQLite transaction); the next round starts after the last one
+  served. So 1,000 queues of a few jobs each cost about one claim per round, not one per
+  job;
 - each queue's share is claimed with one ``claim_batch`` (at most ``batch_size``). A claim
   that comes back short puts its queue to sleep until a wake, its next due job (one
-  ``next_due`` query) or the re-poll; slots it left unused go to the other queues in the
-  next round, at once.
+  ``next_due_many`` read for all the queues the round left idle) or the re-poll; slots it
+  left unused go to the other queues in the next round, at once.
 
 So a queue with a backlog cannot starve a quiet one: once the quiet one is ready it is
 claimed in the next round that has a free slot, or the one after.
