@@ -243,8 +243,8 @@ class QueueOps(Core):
 
     @abc.abstractmethod
     def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
-        """Claim from several queues in turn (``claim_in_turn``): SQLite in one
-        transaction, PostgreSQL one claim statement each on the same connection."""
+        """Claim from several queues in turn (``claim_in_turn``'s results): SQLite in one
+        transaction, PostgreSQL in one statement (``split_turns``)."""
 
     def _priorities(
         self, t: Any = jobs, *, nesting: bool = False, now: Any = None, capped: bool = False, queue: Any = None
