@@ -53,6 +53,19 @@ def _ordinal_unnest(param: str) -> Any:
     )
 
 
+def _queue_names() -> sa.BindParameter[Any]:
+    """``:queues``, the queue names of a call that reads several queues at once."""
+    return bp("queues", postgresql.ARRAY(sa.Text))
+
+
+def _each_queue() -> tuple[Any, sa.ColumnClause[Any]]:
+    """``unnest(:queues) AS q(value)``, and its name column *named*, not referenced:
+    SQLAlchemy correlates a subquery with the FROM list one level up only, so a reference
+    from deeper would add the unnest to that subquery's own FROM (a cross join)."""
+    q = sa.func.unnest(_queue_names()).table_valued("value").render_derived().alias("q")
+    return q, sa.literal_column("q.value", sa.Text)
+
+
 def _notify_wake() -> sa.ColumnElement[Any]:
     """``pg_notify`` of the ``:wake`` channel, as a boolean (one value per row)."""
     return sa.func.pg_notify(bp("wake", sa.Text), sa.literal_column("''")).is_(None)
@@ -375,9 +388,8 @@ class PostgresBackend(Backend):
         # one statement: each queue's next_due as a LATERAL subquery (its name read from
         # the unnest one level up, as in the claim of turns)
         def build() -> sa.Executable:
-            q = sa.func.unnest(bp("queues", postgresql.ARRAY(sa.Text))).table_valued("value").render_derived()
-            q = q.alias("q")
-            due = self._next_due_select(sa.literal_column("q.value", sa.Text), nesting=True).lateral("nd")
+            q, name = _each_queue()
+            due = self._next_due_select(name, nesting=True).lateral("nd")
             return sa.select(q.c.value, due.c.r, due.c.l, due.c.t).select_from(q.join(due, sa.true()))
 
         rows = ex.rows(self.sql("next_due:many", build), params)
@@ -387,7 +399,7 @@ class PostgresBackend(Backend):
         return self.sql(
             "settings_of",
             lambda: sa.select(queue_settings.c.queue).where(
-                queue_settings.c.queue == sa.any_(bp("queues", postgresql.ARRAY(sa.Text)))
+                queue_settings.c.queue == sa.any_(_queue_names())
             ),
         )
 
@@ -440,12 +452,11 @@ class PostgresBackend(Backend):
         clock = sa.select(self.now().label("t")).cte("c")
         now = sa.literal_column(f"(TABLE {clock.name})", sa.Double)
         s = queue_settings.alias("s")
-        queues = bp("queues", postgresql.ARRAY(sa.Text))
         # 1. the exhausted reclaimables of every listed queue without settings
         buried = self._burial(
             j, now,
             sa.and_(
-                self._exhausted(j, now, j.c.queue == sa.any_(queues)),
+                self._exhausted(j, now, j.c.queue == sa.any_(_queue_names())),
                 ~sa.select(ONE).where(s.c.queue == j.c.queue).exists(),
             ),
         )
@@ -454,10 +465,7 @@ class PostgresBackend(Backend):
         # settings, so it is skipped — and its turn: the single claim's two candidate
         # scans (the priority walk written inside it), the first :n in claim order. The
         # outer LIMIT stops the turns, and their locking, once :budget rows are taken.
-        # outer columns are named, not referenced: SQLAlchemy correlates a subquery with the
-        # FROM list one level up only, and would add the queues to every scan's own FROM
-        q = sa.func.unnest(queues).table_valued("value").render_derived().alias("q")
-        qv = sa.literal_column("q.value", sa.Text)
+        q, qv = _each_queue()
         qc = sa.select(clock.c.t).where(~sa.select(ONE).where(s.c.queue == qv).exists()).lateral("qc")
         qnow = sa.literal_column("qc.t", sa.Double)
         pend = self._walk(j, qnow, qv).subquery("pe")
@@ -575,22 +583,19 @@ class PostgresBackend(Backend):
                 # claim comes back empty rarely while draining: asked afterwards then.
                 limited = None
                 if len(turns) > 1:
-                    limited = conn.execute(self._with_settings_sql(), {"queues": [t["queue"] for t in turns]})
+                    limited = conn.execute(self._with_settings_sql(), {"queues": params["queues"]})
                 conn.execute("COMMIT")
             landed = [(r[0], r[1]) for r in acked.fetchall()]
             rows = claimed.fetchall()
-            with_settings = set() if limited is None else {r[0] for r in limited.fetchall()}
+            read = None if limited is None else {r[0] for r in limited.fetchall()}
         except AlkstoreError:
             self.rollback_quietly(conn)
             raise
         except Exception as exc:
             self.rollback_quietly(conn)
             raise self.translate_error(exc) from exc
-        if len(turns) > 1:
-            return landed, split_turns(turns, budget, rows, with_settings.intersection)
-        if not rows and self.queue_settings_get(ex, params) is not None:
-            return landed, [(params["n"], None)]  # it has settings: claimed by claim_limited
-        return landed, [(params["n"], rows)]
+        with_settings = (lambda names: self._with_settings(ex, names)) if read is None else read.intersection
+        return landed, split_turns(turns, budget, rows, with_settings)
 
     def rollback_quietly(self, dbapi_conn: Any) -> None:
         """End the transaction a failed pipeline left open (aborted), if the connection is
