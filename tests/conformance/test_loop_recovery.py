@@ -154,7 +154,11 @@ def test_a_schedule_that_cannot_fire_backs_off_logs_once_and_does_not_block_the_
         small.schedule("too-big", "@every 1s", qname + "-big", {"blob": "small now"})
         clock.advance(1.0)
         wait_for(lambda: r.alive() and count_jobs(db, qname + "-big") >= 1, "the fixed schedule to fire")
-        assert any("recovered" in m for m in messages(caplog, min_level=logging.INFO, containing="'too-big'"))
+        # the fire commits before its ticker logs the recovery: the job can be seen first
+        wait_for(
+            lambda: any("recovered" in m for m in messages(caplog, min_level=logging.INFO, containing="'too-big'")),
+            "the recovery to be logged",
+        )
         assert r.join() == "returned"
     finally:
         big.close()
