@@ -17,6 +17,10 @@ the measurements). So the cache is the pool's *extension*, never a way around it
 - A disconnect drops the whole cache and invalidates the pool the way SQLAlchemy does.
 - ``close()`` returns every connection: the idle ones at once, the ones in use when their
   operation ends (they never go back into the emptied cache).
+- Interpreter exit: the idle connections of every open store go back to their pools
+  (an ``atexit`` hook), so a script that never calls ``close()`` ends quietly. Left to the
+  interpreter's teardown, SQLAlchemy would reset each one after the driver's modules are
+  gone, and print an "Exception during reset" traceback for it (psycopg's rollback fails).
 - Fork: a child never touches its parent's connections. An at-fork handler (plus a pid
   check on every checkout, in case a fork bypassed it) forgets the parent's cached
   connections and gives each engine with an open store a fresh pool — SQLAlchemy's own
@@ -27,6 +31,7 @@ the measurements). So the cache is the pool's *extension*, never a way around it
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -212,6 +217,17 @@ class ConnectionCache:
         for held in idle:
             self.release(held)
 
+    def return_idle(self) -> None:
+        """Return the idle connections to the pool now, and the ones in use when their
+        operation ends; the cache stays open (the next operation checks one out)."""
+        if self._pid != os.getpid():
+            return  # the parent's: never touched from a child
+        with self._lock:
+            self._generation += 1
+            idle, self._idle = self._idle, []
+        for held in idle:
+            self.release(held)
+
     def _forked(self) -> None:
         """In a forked child: forget the parent's connections without touching them, and
         give the engine a pool of the child's own. Runs in the at-fork handler, so it takes
@@ -234,4 +250,10 @@ def _after_fork_in_child() -> None:
             cache._forked()
 
 
+def _return_idle_at_exit() -> None:
+    for cache in list(_caches):
+        cache.return_idle()
+
+
 os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_return_idle_at_exit)

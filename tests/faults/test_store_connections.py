@@ -13,9 +13,12 @@ import json
 import os
 import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +28,8 @@ from sqlalchemy.pool import NullPool
 
 import alkstore_sa as alk
 from tests.support import PG_URL, Target, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -268,6 +273,26 @@ def test_nullpool_engine_keeps_no_connection_open(db: Target, qname: str) -> Non
     finally:
         store.close()
         engine.dispose()
+
+
+def test_a_script_that_never_closes_its_store_exits_quietly(db: Target, qname: str) -> None:
+    """A script that uses a store and ends without ``close()``: the connections the store
+    kept must go back to the engine's pool at exit, while the driver is still whole. Left
+    to the interpreter's teardown, SQLAlchemy resets them after psycopg's modules are gone
+    and prints an "Exception during reset" traceback for each."""
+    code = (
+        "import sqlalchemy as sa, alkstore_sa as alk\n"
+        f"store = alk.Store(sa.create_engine({db.url!r}), schema={db.schema!r})\n"
+        f"q = store.queue({qname!r})\n"
+        "q.enqueue(1); q.enqueue_many([2, 3])\n"
+        "q.ack_batch(q.claim_batch('w', 2))\n"
+        "q.stats()\n"
+        f"alk.Worker(store, {qname!r}, lambda job: None, poll_interval=0.1).run(burst=True)\n"
+        "assert q.stats().pending == 0\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "", out.stderr
 
 
 def test_close_returns_a_connection_in_use_by_a_running_operation(db: Target, qname: str) -> None:
