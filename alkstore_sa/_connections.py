@@ -14,6 +14,11 @@ the measurements). So the cache is the pool's *extension*, never a way around it
   every older connection after a disconnect), from the engine's current pool (not one
   replaced by ``engine.dispose()``), and not visibly dead (the backend's no-round-trip
   liveness check: on PostgreSQL a readable idle socket is the server's goodbye).
+- Never a connection the application is waiting for: on a bounded pool (``pool_size``
+  plus ``max_overflow``) a connection is kept only while the pool could still hand out
+  another, and once any checkout leaves the pool with nothing more to hand out, the idle
+  ones go back to it at once (a ``checkout`` listener). The application's checkouts never
+  time out on connections the store merely keeps.
 - A disconnect drops the whole cache and invalidates the pool the way SQLAlchemy does.
 - ``close()`` returns every connection: the idle ones at once, the ones in use when their
   operation ends (they never go back into the emptied cache).
@@ -40,6 +45,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool, QueuePool, SingletonThreadPool
 
@@ -62,6 +68,15 @@ def orphan(thing: Any) -> None:
     """Keep something a forked child inherited (a connection, a pool, a listener) referenced
     for the child's lifetime, so it is never closed from the child."""
     _orphans.append(thing)
+
+
+def _full(pool: Pool) -> bool:
+    """Whether the pool has handed out every connection it may (a ``QueuePool`` with a
+    bounded size and overflow): its next checkout waits for a checkin."""
+    if not isinstance(pool, QueuePool):
+        return False
+    size, overflow = pool.size(), getattr(pool, "_max_overflow", -1)
+    return size > 0 and overflow >= 0 and pool.checkedout() >= size + overflow
 
 
 def _may_pin(pool: Pool) -> bool:
@@ -117,6 +132,8 @@ class ConnectionCache:
         self._closed = False
         _caches.add(self)
         _pool_owner.setdefault(engine, self._pid)
+        self._on_checkout = _returning_idle_when_full(weakref.ref(self))
+        event.listen(engine, "checkout", self._on_checkout)
 
     # -- checkout / return -----------------------------------------------------------------
 
@@ -172,6 +189,7 @@ class ConnectionCache:
                 and len(self._idle) < self._max_idle
                 and held.pool is self._engine.pool
                 and _may_pin(held.pool)
+                and not _full(held.pool)
             ):
                 self._idle.append(held)
                 return
@@ -208,6 +226,8 @@ class ConnectionCache:
     def close(self) -> None:
         """Return every idle connection now; those in use go back when their operation
         ends (``give`` sees the cache closed)."""
+        with contextlib.suppress(Exception):  # a listener the engine no longer has
+            event.remove(self._engine, "checkout", self._on_checkout)
         with self._lock:
             self._closed = True
             self._generation += 1
@@ -248,6 +268,19 @@ def _after_fork_in_child() -> None:
     for cache in list(_caches):
         if not cache._closed:  # a closed store's engine is no longer the store's business
             cache._forked()
+
+
+def _returning_idle_when_full(cache: weakref.ref[ConnectionCache]) -> Callable[..., None]:
+    """A pool ``checkout`` listener: once a checkout (the application's or the store's)
+    leaves the pool with nothing more to hand out, the store's idle connections go back
+    to it, so a checkout that would have to wait gets one of them."""
+
+    def on_checkout(_dbapi: Any, _record: Any, _proxy: Any) -> None:
+        c = cache()
+        if c is not None and c._idle and _full(c._engine.pool):
+            c.return_idle()
+
+    return on_checkout
 
 
 def _return_idle_at_exit() -> None:

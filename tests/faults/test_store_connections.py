@@ -275,6 +275,43 @@ def test_nullpool_engine_keeps_no_connection_open(db: Target, qname: str) -> Non
         engine.dispose()
 
 
+@pytest.mark.parametrize("size", [1, 3])
+def test_connections_the_store_keeps_never_starve_the_apps_pool(db: Target, qname: str, size: int) -> None:
+    """The store keeps idle connections checked out between its operations, but never ones
+    the application's own checkouts need: on a pool of ``size`` connections and no
+    overflow, after the store used all of them at once, the application can still hold
+    all of them at once (a kept one would make its checkout time out)."""
+    engine = sa.create_engine(db.url, pool_size=size, max_overflow=0, pool_timeout=2)
+    store = alk.Store(engine, schema=db.schema)
+    try:
+        q = store.queue(qname)
+        q.enqueue("x")
+        together = threading.Barrier(size)
+        errors: list[BaseException] = []
+
+        def use() -> None:
+            try:
+                together.wait(10)
+                for _ in range(20):
+                    q.stats()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=use) for _ in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        with contextlib.ExitStack() as held:
+            conns = [held.enter_context(engine.connect()) for _ in range(size)]
+            assert [c.execute(sa.text("SELECT 1")).scalar() for c in conns] == [1] * size
+        assert q.stats().pending == 1  # the store goes on working afterwards
+    finally:
+        store.close()
+        engine.dispose()
+
+
 def test_a_script_that_never_closes_its_store_exits_quietly(db: Target, qname: str) -> None:
     """A script that uses a store and ends without ``close()``: the connections the store
     kept must go back to the engine's pool at exit, while the driver is still whole. Left
