@@ -19,14 +19,25 @@ _warned: set[str] = set()  # database files already warned about (once per file 
 _warned_lock = threading.Lock()
 
 
+def _rows(dbapi_conn: Any, sql: str) -> list[Any]:
+    """Run ``sql`` through a cursor: sqlite3's connection, or SQLAlchemy's adapter of an
+    aiosqlite one (whose own ``execute`` hands back the driver's async cursor)."""
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(sql)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
+
+
 def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-    dbapi_conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    ((mode,),) = dbapi_conn.execute("PRAGMA journal_mode").fetchall()
+    _rows(dbapi_conn, f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    ((mode,),) = _rows(dbapi_conn, "PRAGMA journal_mode")
     if str(mode).lower() == "wal":
         # With WAL, NORMAL keeps the database consistent across crashes and skips an fsync
         # per commit; only the last commits before a power loss can be lost (SQLite's
         # documented recommendation for WAL).
-        dbapi_conn.execute("PRAGMA synchronous = NORMAL")
+        _rows(dbapi_conn, "PRAGMA synchronous = NORMAL")
         return
     # In a rollback-journal mode NORMAL can corrupt the file on power loss: the app's own
     # setting stays. Say so once, where alkstore is installed (before install() switches a
@@ -48,17 +59,14 @@ def _on_connect(dbapi_conn: Any, _record: Any) -> None:
 
 def _main_file(dbapi_conn: Any) -> str:
     """The main database's file ('' for an in-memory or temporary database)."""
-    for _seq, name, file in dbapi_conn.execute("PRAGMA database_list").fetchall():
+    for _seq, name, file in _rows(dbapi_conn, "PRAGMA database_list"):
         if name == "main":
             return str(file or "")
     return ""
 
 
 def _alkstore_installed(dbapi_conn: Any) -> bool:
-    rows = dbapi_conn.execute(
-        "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'alkstore_alembic_version'"
-    ).fetchall()
-    return bool(rows)
+    return bool(_rows(dbapi_conn, "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'alkstore_alembic_version'"))
 
 
 def configure_sqlite_engine(engine: Engine) -> None:

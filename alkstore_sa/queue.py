@@ -88,9 +88,13 @@ def enqueue_params(
 
 
 def encode_all(store: Store | _DefaultStore, payloads: Iterable[Any]) -> list[str]:
-    if isinstance(payloads, (str, bytes, dict)):
+    if isinstance(payloads, (str, bytes, bytearray, dict)):
         raise InvalidOptions("payloads must be an iterable of payloads (a list), not a single payload")
-    return [v.encode_payload(p, store.max_payload_bytes) for p in payloads]
+    try:
+        items = iter(payloads)
+    except TypeError:
+        raise InvalidOptions(f"payloads must be an iterable of payloads (a list), got {type(payloads).__name__}") from None
+    return [v.encode_payload(p, store.max_payload_bytes) for p in items]
 
 
 class Queue:

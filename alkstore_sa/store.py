@@ -87,6 +87,8 @@ class Store:
                 raise
         if self.backend.name == "sqlite":
             configure_sqlite_engine(engine)
+            if app_engine is not None:  # the application's aiosqlite engine waits as long
+                configure_sqlite_engine(app_engine)
         self._listen_engine, self._owns_listen_engine = self._listener_engine(listen_url)
         self._conns = ConnectionCache(engine, self.backend)
         self._hub: Any = None
@@ -165,6 +167,8 @@ class Store:
         if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
             raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
         self.backend.for_dialect(sync_engine.dialect)  # an unsupported driver fails here
+        if self.backend.name == "sqlite":
+            configure_sqlite_engine(sync_engine)  # the same busy timeout as the store's own
         _registry.register(self, sync_engine)
         self._extra_engines.add(_registry.root_engine(sync_engine))
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, scoped_session
+from sqlalchemy.util.concurrency import in_greenlet
 
 from . import _validate as v
 from ._rows import job_from_row
@@ -37,9 +38,18 @@ def connection_of(session: SessionLike, function: str = "enqueue") -> Connection
     """The Connection carrying the caller's transaction (begun if it was not yet).
     ``function`` names the caller's function in the error for a wrong argument."""
     if isinstance(session, Connection):
+        _refuse_outside_run_sync(session.dialect, session, function)
         return session
     if isinstance(session, (Session, scoped_session)):
-        return session.connection()
+        try:
+            bind = session.get_bind()
+        except Exception:  # noqa: BLE001 - binds per mapper only: the connection says below
+            bind = None
+        if bind is not None:
+            _refuse_outside_run_sync(bind.dialect, session, function)
+        conn = session.connection()
+        _refuse_outside_run_sync(conn.dialect, session, function)
+        return conn
     if is_async_session(session):
         raise InvalidOptions(
             f"alk.{function} got an {type(session).__name__}: use `await alk.a{function}(...)`"
@@ -47,6 +57,17 @@ def connection_of(session: SessionLike, function: str = "enqueue") -> Connection
     raise InvalidOptions(
         f"alk.{function} expected a Session, scoped_session or Connection, got {type(session).__name__}"
     )
+
+
+def _refuse_outside_run_sync(dialect: Any, session: object, function: str) -> None:
+    """The synchronous facade of an async session or connection (``.sync_session``,
+    ``.sync_connection``) works only inside ``run_sync``; called directly, its driver fails
+    mid-call and leaves the caller's transaction unusable. Refused before any I/O."""
+    if dialect.is_async and not in_greenlet():
+        raise InvalidOptions(
+            f"alk.{function} got a {type(session).__name__} of an async engine ({dialect.driver}) "
+            f"outside run_sync: use `await alk.a{function}(...)` with the AsyncSession or AsyncConnection"
+        )
 
 
 def is_async_session(session: object) -> bool:

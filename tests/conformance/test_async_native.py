@@ -280,3 +280,69 @@ def test_register_takes_async_engines_of_every_supported_driver(_pg_module_targe
         for engine in engines:
             store.register(engine)
             asyncio.run(engine.dispose())
+
+
+@pytest.mark.parametrize("how", ["Store(async_engine)", "register(async_engine)"])
+def test_an_aiosqlite_engine_gets_the_stores_sqlite_settings(tmp_path, how: str) -> None:
+    """The application's aiosqlite connections wait for the write lock as long as the
+    store's own (a 60 s busy timeout, not sqlite3's 5 s, so ``aenqueue`` never fails with
+    "database is locked" while a worker writes), and run ``synchronous=NORMAL`` in WAL."""
+    target = sqlite_target(str(tmp_path))
+
+    async def settings(engine: AsyncEngine) -> tuple[int, int]:
+        async with engine.connect() as conn:
+            busy = (await conn.execute(sa.text("PRAGMA busy_timeout"))).scalar_one()
+            sync = (await conn.execute(sa.text("PRAGMA synchronous"))).scalar_one()
+        return busy, sync
+
+    async def scenario() -> tuple[int, int]:
+        engine = create_async_engine(async_url("aiosqlite", target))
+        await settings(engine)  # a connection opened (and pooled) before the store is made
+        store = alk.Store(engine) if how == "Store(async_engine)" else target.store()
+        try:
+            if how == "register(async_engine)":
+                store.register(engine)
+            return await settings(engine)
+        finally:
+            store.close()
+            await engine.dispose()
+
+    busy, sync = asyncio.run(scenario())
+    target.engine.dispose()
+    assert busy == 60_000
+    assert sync == 1  # NORMAL: the file is in WAL mode (installed by the store)
+
+
+@pytest.mark.parametrize("driver", ASYNC_DRIVERS)
+def test_the_sync_session_of_an_async_session_names_the_async_function(
+    driver: str, tmp_path, request: pytest.FixtureRequest
+) -> None:
+    """``alk.enqueue(async_session.sync_session, ...)`` outside ``run_sync``: an
+    ``InvalidOptions`` naming ``aenqueue``, before any statement — the caller's transaction
+    and its own rows stay intact (the driver used to fail mid-call and poison it)."""
+    target = sqlite_target(str(tmp_path)) if driver == "aiosqlite" else request.getfixturevalue("_pg_module_target")
+    table = f"own_rows_{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> int:
+        engine = create_async_engine(async_url(driver, target))
+        store = alk.Store(engine, schema=target.schema)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(sa.text(f"CREATE TABLE {table} (v text)"))
+            async with AsyncSession(engine) as session:
+                await session.execute(sa.text(f"INSERT INTO {table} VALUES ('mine')"))
+                for sync_form in (session.sync_session, (await session.connection()).sync_connection):
+                    with pytest.raises(alk.InvalidOptions, match=r"`await alk\.aenqueue\(\.\.\.\)`"):
+                        alk.enqueue(sync_form, "q", {"x": 1})
+                await session.commit()
+            async with engine.begin() as conn:
+                kept = (await conn.execute(sa.text(f"SELECT count(*) FROM {table}"))).scalar_one()
+                await conn.execute(sa.text(f"DROP TABLE {table}"))
+            return kept
+        finally:
+            store.close()
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == 1
+    if driver == "aiosqlite":
+        target.engine.dispose()

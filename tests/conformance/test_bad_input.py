@@ -183,6 +183,12 @@ def test_bad_payload(db: Target, q: alk.Queue, payload: object) -> None:
                    lambda s: alk.enqueue_many(s, q, ["ok", payload]))
 
 
+@pytest.mark.parametrize("payloads", [5, None, 1.5, {"a": 1}, "text", b"bytes"], ids=repr)
+def test_enqueue_many_of_something_that_is_no_list_of_payloads(db: Target, q: alk.Queue, payloads: object) -> None:
+    assert_refused(db, q, alk.InvalidOptions,
+                   lambda s: q.enqueue_many(payloads), lambda s: alk.enqueue_many(s, q, payloads))
+
+
 @pytest.mark.parametrize("limit", [64, None], ids=["64B", "default-1MiB"])
 def test_payload_size_limit(db: Target, clock: FakeClock, qname: str, limit: int | None) -> None:
     kw = {} if limit is None else {"max_payload_bytes": limit}
