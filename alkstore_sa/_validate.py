@@ -44,12 +44,12 @@ def name(value: object, what: str = "name", *, allow_reserved: bool = False) -> 
     return value
 
 
-def worker_id(value: object) -> str:
+def worker_id(value: object, what: str = "worker_id") -> str:
     """A claimant label: a non-empty str of at most 200 characters with no NUL."""
     if not isinstance(value, str) or not value:
-        raise InvalidOptions("worker_id must be a non-empty str")
+        raise InvalidOptions(f"{what} must be a non-empty str")
     if len(value) > MAX_NAME_LENGTH or "\x00" in value or not _utf8_clean(value):
-        raise InvalidOptions("worker_id must be at most 200 characters of valid text without NUL")
+        raise InvalidOptions(f"{what} must be at most 200 characters of valid text without NUL")
     return value
 
 

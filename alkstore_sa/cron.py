@@ -113,7 +113,7 @@ def _field(spec: str, text: str, name: str, lo: int, hi: int, names: dict[str, i
             last = _value(spec, last_text, name, lo, hi, names) if last_text else (top if step_text else first)
             if first > last:
                 raise InvalidSpec(spec, f"invalid schedule spec {spec!r}: {name} range {body!r} runs backwards")
-        step = 1 if step_text is None else int(step_text)
+        step = 1 if step_text is None else int(step_text) if len(step_text) <= 2 else 0
         if not 1 <= step <= hi - lo + 1:
             raise InvalidSpec(spec, f"invalid schedule spec {spec!r}: {name} step {step_text!r} out of range")
         out.update(range(first, last + 1, step))

@@ -34,7 +34,7 @@ class Lock:
 
     def _params(self, owner: object, ttl: object = _NO_TTL) -> dict[str, object]:
         self.store._check_open()
-        params: dict[str, object] = {"name": self.name, "owner": v.worker_id(owner), "now": self.store.now()}
+        params: dict[str, object] = {"name": self.name, "owner": v.worker_id(owner, "owner"), "now": self.store.now()}
         if ttl is not _NO_TTL:  # acquire/renew: ttl=None is as invalid as ttl=-1
             params["ttl"] = v.duration(ttl, "ttl", inclusive=False)
         return params

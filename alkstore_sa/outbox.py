@@ -26,6 +26,31 @@ def backing_queue_name(name: str) -> str:
     return f"{v.RESERVED_PREFIX}_outbox:{name}"
 
 
+def listed_queue(store: Store, name: str, **opts: Any) -> Queue:
+    """A handle on a queue named as the database lists it, for the operator tools (the CLI,
+    the dashboard): an application queue, or the backing queue of an outbox — reserved, so
+    ``store.queue`` refuses it — with the outbox's stamps unless ``opts`` gives others."""
+    outbox = _outbox_of(name)
+    if outbox is None:
+        return store.queue(name, **opts)
+    backing = store.outbox(outbox).queue
+    return backing if not opts else Queue(store, backing.name, QueueOpts.validated(**opts))
+
+
+def listed_queue_name(name: object) -> str:
+    """``name`` validated as ``listed_queue`` takes it (for reads by name)."""
+    outbox = _outbox_of(name)
+    if outbox is None:
+        return v.name(name, "queue name")
+    return backing_queue_name(v.name(outbox, "outbox name"))
+
+
+def _outbox_of(name: object) -> str | None:
+    """The outbox whose backing queue ``name`` is, or None."""
+    prefix = backing_queue_name("")
+    return name[len(prefix):] if isinstance(name, str) and name.startswith(prefix) else None
+
+
 class Outbox:
     """A handle on the outbox ``name``; constructing it writes nothing."""
 

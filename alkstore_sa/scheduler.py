@@ -59,9 +59,11 @@ def parse_spec(spec: object) -> int:
     if not isinstance(spec, str):
         raise InvalidSpec(spec)
     match = _SPEC.fullmatch(spec)
-    if match is None or int(match.group(1)) < 1:
+    digits = "" if match is None else match.group(1).lstrip("0")
+    if match is None or not digits:
         raise InvalidSpec(spec)
-    seconds = int(match.group(1)) * _UNIT[match.group(2)]
+    # (more than 12 digits is past 100 years in any unit; int() refuses thousands of them)
+    seconds = int(digits) * _UNIT[match.group(2)] if len(digits) <= 12 else v.MAX_DURATION + 1
     if seconds > v.MAX_DURATION:
         raise InvalidSpec(spec, f"invalid schedule spec {spec!r}: the interval exceeds 100 years")
     return seconds

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from ..model import Job
+from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
 
 
@@ -48,7 +49,7 @@ def _json(job: Job) -> dict[str, Any]:
 def run_list(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
-        jobs = store.queue(args.queue).dead_jobs(limit=args.limit, before_id=args.before)
+        jobs = listed_queue(store, args.queue).dead_jobs(limit=args.limit, before_id=args.before)
     finally:
         store.close()
     if args.json:
@@ -79,7 +80,7 @@ def run_requeue(args: argparse.Namespace) -> int:
     store = open_store(args)
     missing = 0
     try:
-        q = store.queue(args.queue)
+        q = listed_queue(store, args.queue)
         for job_id in args.job_ids:
             new_id = q.requeue_dead(job_id)
             if new_id is None:

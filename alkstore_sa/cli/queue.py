@@ -8,6 +8,7 @@ import math
 
 from .. import _limits
 from ..model import QueueSettings
+from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
 from ._errors import UsageError
 
@@ -76,7 +77,7 @@ def _change(args: argparse.Namespace, **change: object) -> int:
     params, fields = _limits.change_params(**change)
     store = open_store(args)
     try:
-        settings = _limits.update(store.queue(args.queue), params, fields)
+        settings = _limits.update(listed_queue(store, args.queue), params, fields)
     finally:
         store.close()
     print(f"{args.queue}: {describe(settings) if settings != QueueSettings() else 'no settings'}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..outbox import listed_queue
 from ._common import add_database_options, open_store
 
 
@@ -19,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         names = args.queue or list(store.queue_stats())
         for name in names:
-            result = store.queue(name).sweep_expired()
+            result = listed_queue(store, name).sweep_expired()
             print(f"{name}: expired={result.expired} purged={result.purged}")
     finally:
         store.close()

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from ..errors import InvalidOptions
 from ..model import Job
+from ..outbox import listed_queue
 from .http import Request, Response, redirect
 from .view import View
 
@@ -57,8 +58,8 @@ def _dead_jobs(view: View) -> list[Job]:
 def requeue_dead(view: View) -> Response:
     """Each selected dead job back as a fresh job with the stamps it had."""
     for job in _dead_jobs(view):
-        q = view.store.queue(
-            job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
+        q = listed_queue(
+            view.store, job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
             backoff_base=job.backoff_base, dead_letter_retention=job.dead_letter_retention,
         )
         q.requeue_dead(job.id)
@@ -67,7 +68,7 @@ def requeue_dead(view: View) -> Response:
 
 def delete_dead(view: View) -> Response:
     for job in _dead_jobs(view):
-        view.store.queue(job.queue).delete_dead(job.id)
+        listed_queue(view.store, job.queue).delete_dead(job.id)
     return redirect(back_to(view.request, "/dead"))
 
 
@@ -75,12 +76,12 @@ def cancel(view: View, job_id: int) -> Response:
     """Cancel a pending job (one claimed since the page was shown is left alone)."""
     job = view.store.get_job(job_id)
     if job is not None and job.state == "pending":
-        view.store.queue(job.queue).cancel(job_id)
+        listed_queue(view.store, job.queue).cancel(job_id)
     return redirect(back_to(view.request))
 
 
 def pause(view: View, queue: str, paused: bool) -> Response:
-    q = view.store.queue(queue)
+    q = listed_queue(view.store, queue)
     if paused:
         q.pause()
     else:

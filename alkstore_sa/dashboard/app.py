@@ -28,7 +28,7 @@ GET: list[Route] = [
     (re.compile(r"/"), queues.queues_page),
     (re.compile(r"/api/counts"), queues.counts_json),
     (re.compile(r"/queues/(.+)"), jobs.queue_page),
-    (re.compile(r"/jobs/(-?\d+)"), lambda view, i: jobs.job_page(view, int(i))),
+    (re.compile(r"/jobs/(-?\d{1,19})"), lambda view, i: jobs.job_page(view, int(i))),
     (re.compile(r"/dead"), jobs.dead_page_view),
     (re.compile(r"/schedules"), inventory.schedules_page),
     (re.compile(r"/workers"), inventory.workers_page),
@@ -37,7 +37,7 @@ GET: list[Route] = [
 POST: list[Route] = [
     (re.compile(r"/dead/requeue"), actions.requeue_dead),
     (re.compile(r"/dead/delete"), actions.delete_dead),
-    (re.compile(r"/jobs/(-?\d+)/cancel"), lambda view, i: actions.cancel(view, int(i))),
+    (re.compile(r"/jobs/(-?\d{1,19})/cancel"), lambda view, i: actions.cancel(view, int(i))),
     (re.compile(r"/queues/(.+)/pause"), lambda view, q: actions.pause(view, q, True)),
     (re.compile(r"/queues/(.+)/resume"), lambda view, q: actions.pause(view, q, False)),
 ]

@@ -8,6 +8,7 @@ import math
 
 from ..errors import InvalidOptions
 from ..model import Job
+from ..outbox import listed_queue
 from .html import age, esc, pretty_json, preview, seg, url, when
 from .http import Response
 from .queues import describe, pause_button
@@ -117,7 +118,7 @@ def queue_page(view: View, name: str) -> Response:
     page = jobs_page(view.store, name, state, cursor)
     # no counts here: they are the queues page's (one grouped pass over every queue's
     # index entries); this page reads only its page of jobs and the queue's settings row
-    settings = view.store.queue(name).settings()
+    settings = listed_queue(view.store, name).settings()
     path = f"/queues/{seg(name)}"
     tabs = "".join(
         f'<a href="{esc(url(view.request, path, {"state": s}))}" data-state="{s}"{_current(s == state)}>{s}</a>'

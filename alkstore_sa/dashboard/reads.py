@@ -12,6 +12,7 @@ from .. import _validate as v
 from .._gauges import QueueGauges, read_gauges
 from .._rows import FIELD, job_from_row, ts
 from ..model import Job, QueueSettings
+from ..outbox import listed_queue_name
 from ..store import Store
 
 PAGE = 50
@@ -86,7 +87,7 @@ def jobs_page(store: Store, queue: str, state: str, cursor: Cursor = Cursor(), l
     """Jobs of ``queue`` in ``state``: ready and scheduled ones in claim order (priority,
     then run_at, then id), processing and dead ones by id; the page after ``cursor``."""
     store._check_open()
-    queue = v.name(queue, "queue name")
+    queue = listed_queue_name(queue)  # an outbox's backing queue is listed too
     params: dict[str, Any] = {"queue": queue, "after": _bound(cursor.after, 0), "limit": limit + 1, "now": store.now()}
     resume = cursor.after is not None
     if state in ("ready", "scheduled") and resume:
@@ -110,7 +111,7 @@ def dead_page(store: Store, queue: str | None, before: int | None, limit: int = 
     store._check_open()
     params: dict[str, Any] = {"before": _bound(before, v.INT64_MAX), "limit": limit + 1}
     if queue is not None:
-        params["queue"] = v.name(queue, "queue name")
+        params["queue"] = listed_queue_name(queue)
     with store.executor(retry=True) as ex:  # a read
         rows = store.backend.dead_page(ex, params, by_queue=queue is not None, ascending=False)
     return _page(rows, limit, lambda row: {"before": row[0]})

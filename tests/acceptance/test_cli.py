@@ -274,6 +274,31 @@ def test_sweep_expires_and_purges(cli: Cli) -> None:
     ]
 
 
+def test_sweep_and_dead_reach_an_outboxs_backing_queue(cli: Cli) -> None:
+    """An outbox is a queue under a reserved name: ``sweep`` without ``--queue`` must not
+    stop at it (it sorted first and refused every queue after it), and ``dead`` works on
+    the name ``status`` shows for it."""
+    cli.install()
+    past = cli.store(clock=lambda: time.time() - 7200)
+    stale = past.queue("stale").enqueue({"s": 1}, expires=60)
+    ob = past.outbox("billing")
+    ob.enqueue({"e": 1})
+    h = ob.claim_one("relay")
+    assert h is not None and h.fail("refused downstream")
+    backing = ob.queue.name
+
+    lines = sorted(cli.ok("sweep").strip().splitlines())
+    assert lines == [f"{backing}: expired=0 purged=0", "stale: expired=1 purged=0"]
+    now = cli.store()
+    assert now.get_job(stale).state == "dead"  # type: ignore[union-attr]
+
+    listed = cli.ok("dead", "list", "--queue", backing)
+    assert str(h.id) in listed and "refused downstream" in listed
+    cli.ok("dead", "requeue", "--queue", backing, str(h.id))
+    again = now.outbox("billing").claim_one("relay")
+    assert again is not None and again.payload == {"e": 1}
+
+
 # -- worker ------------------------------------------------------------------------------------
 
 HANDLERS = textwrap.dedent(

@@ -104,6 +104,33 @@ def test_pause_and_resume(dash, store: alk.Store, qname: str) -> None:
     assert store.queue(qname).settings().paused is False
 
 
+def test_actions_on_an_outboxs_backing_queue(dash, store: alk.Store, qname: str) -> None:
+    """The outbox's reserved backing queue is listed like any queue: its page, pause and
+    resume, cancel, and the dead-letter actions work on it (each answered 400)."""
+    ob = store.outbox(qname)
+    ob.enqueue({"dies": 1})
+    ob.enqueue({"dies": 2})
+    for h in ob.claim_batch("relay", 2):
+        assert h.fail("downstream refused")
+    pending = ob.enqueue({"waits": 1})
+    backing = ob.queue.name
+    page = "/queues/" + quote(backing, safe="")
+    assert dash.get(page).status == 200
+    token = _token(dash, page)
+    assert dash.post(page + "/pause", {"csrf_token": token}).status == 303
+    assert ob.queue.settings().paused is True
+    assert dash.post(page + "/resume", {"csrf_token": token}).status == 303
+    assert ob.queue.settings().paused is False
+    assert dash.post(f"/jobs/{pending}/cancel", {"csrf_token": token}).status == 303
+    assert store.get_job(pending) is None or store.get_job(pending).state != "pending"  # type: ignore[union-attr]
+    first, second = (j.id for j in sorted(ob.queue.dead_jobs(), key=lambda j: j.id))
+    assert dash.post("/dead/requeue", {"csrf_token": token, "id": first, "queue": backing}).status == 303
+    assert dash.post("/dead/delete", {"csrf_token": token, "id": second, "queue": backing}).status == 303
+    assert ob.queue.dead_jobs() == []
+    again = ob.claim_one("relay")
+    assert again is not None and again.payload == {"dies": 1}
+
+
 def test_queue_names_with_slashes_and_unicode(dash, store: alk.Store, qname: str) -> None:
     name = f"{qname}/pause"  # the action's own suffix inside a name
     store.queue(name).enqueue(1)

@@ -101,6 +101,7 @@ def test_job_page_live(dash, store: alk.Store, qname: str) -> None:
     assert 'id="cancel-btn"' not in r.text
     assert dash.get("/jobs/999999999").status == 404
     assert dash.get("/jobs/99999999999999999999999").status == 404
+    assert dash.get("/jobs/" + "9" * 5000).status == 404  # past int()'s digit limit: not a 500
 
 
 def test_dead_page_every_queue_and_filter(dash, store: alk.Store, qname: str) -> None:
