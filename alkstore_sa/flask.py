@@ -29,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidOptions, MissingExtra, NotInstalled, SchemaOutdated
+import sqlalchemy as sa
+
+from .errors import AlkstoreError, InvalidOptions, MissingExtra
 
 try:
     import click
@@ -39,6 +41,7 @@ except ImportError as exc:
     raise MissingExtra("alkstore_sa.flask needs Flask: pip install 'alkstore-sa[flask]'") from exc
 
 from .cli._common import stop_on_signals
+from .cli._errors import explain
 from .store import Store
 from .tasks import Task, Tasks
 from .worker import Worker
@@ -101,10 +104,13 @@ def _with_context(app: Flask, task: Task[..., Any]) -> Callable[..., Any]:
     return run
 
 
-class _CannotRun(click.ClickException):
-    """Exit 2, as ``alkstore worker`` does when the tables are missing or outdated."""
+class _Failed(click.ClickException):
+    """A failed run, as ``alkstore worker`` reports it: one line and the same exit code (2:
+    the tables are missing or outdated; 1: the database is unreachable or refused)."""
 
-    exit_code = 2
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _group() -> AppGroup:
@@ -144,6 +150,7 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
     stop = stop_on_signals()
     try:
         worker.run(stop, burst=burst)
-    except (NotInstalled, SchemaOutdated) as exc:  # names the command to run
-        raise _CannotRun(str(exc)) from exc
+    except (AlkstoreError, sa.exc.DBAPIError) as exc:  # NotInstalled names the command to run
+        code, message = explain(exc, None)
+        raise _Failed(message, code) from exc
     click.echo(f"worker: {worker.processed} job(s) done")

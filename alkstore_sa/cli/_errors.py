@@ -76,7 +76,8 @@ def _database_message(exc: BaseException, args: argparse.Namespace | None) -> st
     if _is_connect_failure(orig, sqlstate, text):
         where = _url_shown(args)
         where = f" {where}" if where else ""
-        return f"cannot connect to the database{where}: {text} (check --url and that the server is running)"
+        check = "--url" if args is not None else "the database URL"  # None: not our CLI's (flask.py)
+        return f"cannot connect to the database{where}: {text} (check {check} and that the server is running)"
     if sqlstate == "42501":  # insufficient_privilege
         return (
             f"the database refused: {text} (run this as a role with that privilege, e.g. the "

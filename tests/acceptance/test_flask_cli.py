@@ -6,6 +6,7 @@ engines: Flask's CLI builds the app with its factory, the worker serves the regi
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,40 @@ def test_init_app_checks_its_arguments(dbstore: alk.Store) -> None:
     app.extensions[EXTENSION] = dbstore
     init_app(app, alk.Tasks())  # the store already there
     assert "alkstore" in app.cli.commands
+
+
+def test_flask_alkstore_worker_on_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
+    """As ``alkstore worker``: the error is one line saying what to check, exit 1, no
+    traceback (the command used to print the driver's whole traceback)."""
+    (tmp_path / "flaskapp.py").write_text(APP)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flask", "--app", "flaskapp", "alkstore", "worker", "--burst"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env(
+            APP_DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test", APP_SCHEMA="alkstore",
+            DONE_TABLE="done", SYNC_QUEUE="q-sync", ASYNC_QUEUE="q-async",
+        ),
+    )
+    out, err = proc.communicate(timeout=STARTUP)
+    assert proc.returncode == 1, (out, err)
+    assert "Traceback" not in err, err
+    assert "cannot connect to the database" in err and "Connection refused" in err, err
+
+
+def test_flask_alkstore_worker_without_the_tables_names_the_migration(tmp_path: Path) -> None:
+    (tmp_path / "flaskapp.py").write_text(APP)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flask", "--app", "flaskapp", "alkstore", "worker", "--burst"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env(
+            APP_DATABASE_URL=f"sqlite:///{tmp_path / 'empty.db'}", APP_SCHEMA="alkstore",
+            DONE_TABLE="done", SYNC_QUEUE="q-sync", ASYNC_QUEUE="q-async",
+        ),
+    )
+    out, err = proc.communicate(timeout=STARTUP)
+    assert proc.returncode == 2, (out, err)
+    assert "Traceback" not in err, err
+    assert "alkstore migrate" in err, err
