@@ -3,7 +3,8 @@ through the claim.
 
 Returning → ``ack``; raising ``Fail(msg)`` → ``fail(msg)``; raising ``Retry(delay=...)`` →
 ``retry`` with that delay; raising anything else → ``retry(str(exc))`` on the backoff
-curve. Sync calls run on a runner thread (``outcome_of``), ``async def`` ones are awaited
+curve (a ``SystemExit`` or ``KeyboardInterrupt`` the job raises too, its type named: it
+ends neither the worker nor the thread). Sync calls run on a runner thread (``outcome_of``), ``async def`` ones are awaited
 on the worker's event loop (``aoutcome_of``); both inside ``running(job)``, so
 ``alk.current_job()`` is the job in that thread or asyncio task. A sync call whose result
 is awaitable (a coroutine, a Future) is never acked: nothing ran it to completion, so the
@@ -12,6 +13,7 @@ job is retried with an error saying so.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -68,7 +70,7 @@ def outcome_of(work: Work) -> Outcome:
     try:
         with running(work.handle):  # alk.current_job() inside the handler
             result = call()
-    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+    except BaseException as exc:  # noqa: BLE001 - anything the handler raises is an outcome
         return _raised(work, exc)
     finally:
         work.duration = time.perf_counter() - started  # the handler's run time (metrics)
@@ -89,14 +91,16 @@ async def aoutcome_of(work: Work) -> Outcome:
     try:
         with running(work.handle):  # set in this asyncio task's own context
             await call()
-    except Exception as exc:  # noqa: BLE001 - any handler error is an outcome
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - anything else the handler raises is an outcome
         return _raised(work, exc)
     finally:
         work.duration = time.perf_counter() - started  # the handler's run time (metrics)
     return ACK
 
 
-def _raised(work: Work, exc: Exception) -> Outcome:
+def _raised(work: Work, exc: BaseException) -> Outcome:
     if isinstance(exc, Fail):
         return Outcome("fail", exc.message)
     if isinstance(exc, Retry):
@@ -106,6 +110,10 @@ def _raised(work: Work, exc: Exception) -> Outcome:
         "job %s of %r raised %s: %s", job.id, job.queue, type(exc).__name__, exc,
         extra=work.context, exc_info=exc,
     )
+    if not isinstance(exc, Exception):
+        # SystemExit, KeyboardInterrupt raised by the job itself (a signal stops the worker
+        # on the main thread instead): retried like any error, named, as str(exc) may be "1"
+        return Outcome("retry", f"{type(exc).__name__}: {exc}".rstrip(": "))
     return Outcome("retry", str(exc) or type(exc).__name__)
 
 

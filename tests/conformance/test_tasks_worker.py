@@ -366,6 +366,34 @@ def test_fail_retry_and_errors_from_async_tasks(store: alk.Store, qname: str, cl
     assert 5 <= raised.run_at.timestamp() - now <= 10  # the backoff curve
 
 
+@pytest.mark.parametrize("raised", [SystemExit("config missing"), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
+def test_a_task_raising_systemexit_or_keyboardinterrupt_is_retried_with_that_error(
+    store: alk.Store, qname: str, clock: FakeClock, raised: BaseException
+) -> None:
+    """Neither ends the worker (they come from the task, not a signal: SIGINT and SIGTERM
+    reach the main thread as a stop), and the job is retried on its curve with the error
+    recorded — not left to lapse after its visibility timeout with no error to show."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="quits_sync")
+    def quits_sync() -> None:
+        raise raised
+
+    @tasks.task(queue=qname, name="quits_async")
+    async def quits_async() -> None:
+        raise raised
+
+    ids = [quits_sync.enqueue(store), quits_async.enqueue(store)]
+    worker = alk.Worker(store, tasks, concurrency=2, poll_interval=0.2)
+    worker.run(burst=True)
+    expected = f"{type(raised).__name__}: {raised}".rstrip(": ")
+    for job_id in ids:
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "pending" and job.attempts == 1, job
+        assert job.errors[-1]["error"] == expected, job.errors
+        assert job.run_at.timestamp() > clock()  # on the backoff curve
+
+
 def test_current_job_is_each_tasks_own_in_threads_and_asyncio_tasks(store: alk.Store, qname: str) -> None:
     tasks = alk.Tasks()
     seen: dict[str, list[tuple[int, int | None]]] = {"sync": [], "async": [], "child": []}
