@@ -11,7 +11,11 @@ For the application's ``env.py``:
   autogenerate, so ``alembic revision --autogenerate`` and ``alembic check`` never propose
   dropping or altering them: they belong to the generated revisions, not to the app's models;
 - ``enable_wal(connection)`` switches a SQLite database to WAL mode, which alkstore relies on
-  and which cannot be switched inside the migration's transaction.
+  and which cannot be switched inside the migration's transaction;
+- ``sync_engine(url)`` (online) and ``sync_url(url)`` (offline, ``--sql``) read the database
+  URL as ``alkstore migrate`` and ``alk.Store(url)`` do, so every form they accept works with
+  ``alembic upgrade head`` too: ``postgres://`` and ``postgresql://`` (psycopg 3), an async
+  URL (``postgresql+asyncpg://``, ``sqlite+aiosqlite://``) turned into its sync form.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.schema import SchemaItem
 
 from alembic import op
 
+from ._urls import engine_from_url, parse_url
 from .migrations import steps
 from .schema import VERSION_TABLE
 
@@ -69,6 +74,23 @@ def enable_wal(connection: Connection) -> None:
     if connection.dialect.name == "sqlite":
         connection.exec_driver_sql("PRAGMA journal_mode=WAL")
         connection.commit()
+
+
+def sync_url(url: str | URL) -> URL:
+    """``url`` as alkstore reads it, for ``context.configure(url=...)`` in offline mode:
+    every PostgreSQL URL (``postgres://``, ``postgresql://``, ``+asyncpg``, ``+psycopg2``, …)
+    names psycopg 3, ``sqlite+aiosqlite`` names sqlite3. ``InvalidOptions`` when it is not a
+    PostgreSQL or SQLite URL."""
+    return parse_url(url)
+
+
+def sync_engine(url: str | URL, **kw: Any) -> Engine:
+    """A synchronous Engine on ``url`` for env.py's online mode, made as ``alkstore migrate``
+    and ``alk.Store(url)`` make theirs: the URL read by :func:`sync_url` (so an app's async
+    URL, or a ``postgres://`` one, migrates as it is), driver options in its query typed for
+    psycopg 3; ``kw`` goes to ``sqlalchemy.create_engine``. ``InvalidOptions`` for an
+    unusable URL or a missing driver (naming what to install)."""
+    return engine_from_url(url, **kw)
 
 
 def _version_columns() -> list[SchemaItem]:

@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from alembic import command
 
+from .._urls import engine_from_url, parse_url
 from ..errors import DatabaseError, InvalidOptions, NotInstalled, SchemaOutdated, SchemaTooNew
 from ..schema import DEFAULT_SCHEMA, VERSION_TABLE
 
@@ -93,8 +94,8 @@ def installing(connection: Connection, schema: str) -> Iterator[None]:
 def run_environment(context: Any) -> None:
     """The body of env.py: online with a given connection or URL, or offline (--sql)."""
     if context.is_offline_mode():
-        url = database_url()
-        dialect = sa.engine.make_url(url).get_dialect().name
+        url = parse_url(database_url())  # the forms `alkstore migrate` takes (SPEC §4)
+        dialect = url.get_dialect().name
         _configure(context, None, dialect, url=url, literal_binds=True)
         with context.begin_transaction():
             if dialect != "sqlite":  # the version table lives in the schema: create it first
@@ -105,7 +106,7 @@ def run_environment(context: Any) -> None:
     if connection is not None:
         _run_online(context, connection)
         return
-    engine = sa.create_engine(database_url())
+    engine = engine_from_url(database_url())  # a sync engine, as `alkstore migrate` makes
     try:
         with engine.connect() as connection, installing(connection, configured_schema()):
             _run_online(context, connection)
