@@ -2,8 +2,8 @@
 (SPEC §1, §4): ``postgres://``, plain ``postgresql://`` with psycopg 3 alone installed (what
 the ``postgres`` extra gives), and the async forms ``postgresql+asyncpg://`` and
 ``sqlite+aiosqlite://`` (the FastAPI example's README: the URL "may be sync or async").
-Proven with the real ``alembic`` command in the checkout's environment, each on a fresh
-database."""
+Proven with the real ``alembic`` command in the checkout's environment and in both example
+apps' environments, each on a fresh database."""
 
 from __future__ import annotations
 
@@ -23,7 +23,12 @@ from tests.fresh_pg import fresh_pg_database
 from tests.migrations.alembic_app import ALEMBIC, ALKSTORE_TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
-ENVS = {"checkout": ROOT}
+ENVS = {
+    "checkout": ROOT,
+    "fastapi-example": ROOT / "examples" / "fastapi_app",
+    "flask-example": ROOT / "examples" / "flask_app",
+}
+EXAMPLE_HEAD = "0004"  # the examples' own chain (they share one)
 
 # drivername of the URL handed to `alembic`; the database is always a fresh one
 URL_FORMS = ["postgres", "postgresql", "postgresql+asyncpg", "postgresql+psycopg2", "sqlite+aiosqlite"]
@@ -74,6 +79,9 @@ def test_alembic_upgrade_head_takes_every_url_form(
             assert set(sa.inspect(conn).get_table_names(schema=schema)) >= ALKSTORE_TABLES | {VERSION_TABLE}
             if sqlite:
                 assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            if where != "checkout":  # the app's own chain and table went in too
+                assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == EXAMPLE_HEAD
+                assert "orders" in sa.inspect(conn).get_table_names()
     finally:
         engine.dispose()
 

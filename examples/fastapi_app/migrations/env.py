@@ -1,27 +1,28 @@
-"""The example app's Alembic environment: a standard env.py plus two alkstore lines
-(``enable_wal`` and ``include_name``)."""
+"""The example app's Alembic environment: a standard env.py plus alkstore's helpers —
+``include_name`` (autogenerate leaves alkstore's tables alone), ``enable_wal`` (SQLite), and
+``sync_engine``/``sync_url``, which read the database URL as ``alkstore migrate`` does, so
+``postgres://``, ``postgresql://`` (psycopg 3) and the app's async URL all work here."""
 
 from __future__ import annotations
 
-import sqlalchemy as sa
 from fastapi_shop import Base, database_url
 
 from alembic import context
-from alkstore_sa.alembic_support import enable_wal, include_name
+from alkstore_sa.alembic_support import enable_wal, include_name, sync_engine, sync_url
 
 target_metadata = Base.metadata
 
 
 def run_migrations_offline() -> None:
     context.configure(
-        url=database_url(), target_metadata=target_metadata, literal_binds=True, include_name=include_name
+        url=sync_url(database_url()), target_metadata=target_metadata, literal_binds=True, include_name=include_name
     )
     with context.begin_transaction():
         context.run_migrations()
 
 
 def run_migrations_online() -> None:
-    engine = sa.create_engine(database_url())
+    engine = sync_engine(database_url())  # sync, whatever the URL's driver
     with engine.connect() as connection:
         enable_wal(connection)  # SQLite: WAL mode, outside the migration's transaction
         context.configure(
