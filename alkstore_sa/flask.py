@@ -105,12 +105,16 @@ def _with_context(app: Flask, task: Task[..., Any]) -> Callable[..., Any]:
 
 
 class _Failed(click.ClickException):
-    """A failed run, as ``alkstore worker`` reports it: one line and the same exit code (2:
-    the tables are missing or outdated; 1: the database is unreachable or refused)."""
+    """A failed run, as ``alkstore worker`` reports it: one line, exit 1 (the database is
+    unreachable or refused)."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    exit_code = 1
+
+
+class _CannotRun(_Failed):
+    """Exit 2, as ``alkstore worker`` does when the tables are missing or outdated."""
+
+    exit_code = 2
 
 
 def _group() -> AppGroup:
@@ -152,5 +156,5 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
         worker.run(stop, burst=burst)
     except (AlkstoreError, sa.exc.DBAPIError) as exc:  # NotInstalled names the command to run
         code, message = explain(exc, None)
-        raise _Failed(message, code) from exc
+        raise (_CannotRun if code == 2 else _Failed)(message) from exc
     click.echo(f"worker: {worker.processed} job(s) done")

@@ -63,7 +63,7 @@ def parse_spec(spec: object) -> int:
     if match is None or not digits:
         raise InvalidSpec(spec)
     # (more than 12 digits is past 100 years in any unit; int() refuses thousands of them)
-    seconds = int(digits) * _UNIT[match.group(2)] if len(digits) <= 12 else v.MAX_DURATION + 1
+    seconds = int(digits) * _UNIT[match.group(2)] if len(digits) <= 12 else int(v.MAX_DURATION) + 1
     if seconds > v.MAX_DURATION:
         raise InvalidSpec(spec, f"invalid schedule spec {spec!r}: the interval exceeds 100 years")
     return seconds
