@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import InvalidOptions
-from ..tasks import Tasks
+from ..tasks import Task, Tasks
 from ..worker import Worker
 from ._common import add_database_options, open_store, stop_on_signals
 from ._errors import TRACEBACK_HINT, UsageError
@@ -114,6 +114,11 @@ def _serve_metrics(metrics: Any, store: Any, port: int) -> None:
 def run(args: argparse.Namespace) -> int:
     target = load_handler(args.handler)
     queues: list[str] | None = args.queue
+    if isinstance(target, Task):  # with or without --queue: a task is called with its args, not the Job
+        raise UsageError(
+            f"{args.handler!r} is a task ({target.name!r}), not a handler: serve the Tasks registry "
+            f"it belongs to, alkstore worker MODULE:REGISTRY (optionally --queue {target.queue})"
+        )
     if not isinstance(target, Tasks) and not queues:
         raise UsageError(
             f"--queue is required with a handler ({args.handler!r} is a function, not a Tasks registry); "

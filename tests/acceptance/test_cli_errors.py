@@ -159,6 +159,10 @@ def test_worker_serves_a_tasks_registry(sqlite_db: Target, tmp_path: Path) -> No
         assert everything.returncode == 0, everything.stderr
         assert "built mon" in everything.stdout
         assert store.queue("reports").stats().pending == 0
+        for argv in (["jobs_registry:send"], ["jobs_registry:send", "--queue", "emails"]):
+            res = alkstore("worker", *argv, "--burst", "--url", sqlite_db.url, cwd=tmp_path)
+            line = one_line_failure(res, 2)  # a task, not a handler: its registry is what to serve
+            assert "is a task" in line and "jobs_registry:tasks" not in line and "Tasks registry" in line, line
     finally:
         store.close()
 
