@@ -8,24 +8,17 @@ import argparse
 import logging
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from . import alembic_revision, dashboard, dead, migrate, queue, schedules, status, sweep, worker
+from ._common import Parser
 from ._errors import EXIT_CODES, report
 
 COMMANDS = [migrate, alembic_revision, worker, status, queue, dead, sweep, schedules, dashboard]
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line on stderr (exit code 2), naming
-    the ``--help`` to read instead of printing the whole usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="alkstore",
         description="Durable queues in your own database: migrate, run workers, inspect queues.",
         epilog=EXIT_CODES,

@@ -1,5 +1,5 @@
 """Options every command shares (the database URL and the PostgreSQL schema), opening the
-store, an option that refuses to be repeated, and stopping on signals."""
+store, the parser whose options refuse to be repeated, and stopping on signals."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .._urls import parse_url, sqlite_path
 from ..schema import DEFAULT_SCHEMA
@@ -60,8 +60,9 @@ def open_store(args: argparse.Namespace) -> Store:
 
 
 class Once(argparse.Action):
-    """A single-valued option given twice is refused: argparse would silently keep the
-    last value (``--queue a --queue b`` would drop ``a``). ``hint`` says what to do instead."""
+    """An option that takes one value refuses a second: argparse would silently keep the
+    last (``--url A --url B`` would target B). ``Parser`` makes this the action of every
+    such option; a repeatable one says ``action="append"``. ``hint`` says what to do instead."""
 
     def __init__(self, *a: Any, hint: str = "", **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -71,11 +72,46 @@ class Once(argparse.Action):
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
         values: str | Sequence[Any] | None, option_string: str | None = None,
     ) -> None:
-        earlier = getattr(namespace, self.dest, None)
-        if earlier is not None:
-            hint = f"; {self.hint}" if self.hint else ""
-            raise argparse.ArgumentError(self, f"given more than once ({earlier!r} and {values!r}){hint}")
+        given: set[argparse.Action] | None = getattr(parser, "_given", None)
+        if self.option_strings:  # a positional is consumed once anyway
+            if given is None:  # a plain ArgumentParser: an option left at its default of None
+                repeated = getattr(namespace, self.dest, None) is not None
+            else:
+                repeated = self in given
+                given.add(self)
+            if repeated:
+                # the values are not echoed: a --url may carry a password
+                hint = self.hint or "it takes a single value"
+                raise argparse.ArgumentError(self, f"given more than once; {hint}")
         setattr(namespace, self.dest, values)
+
+
+class Parser(argparse.ArgumentParser):
+    """The ArgumentParser of ``alkstore`` and each of its subcommands (a subparser is made
+    of its parent's class): every option that stores one value refuses a repeat (``Once``
+    is the default action), and a usage error is one line on stderr (exit code 2) naming the
+    ``--help`` to read instead of printing the whole usage."""
+
+    _given: set[argparse.Action] | None = None
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.register("action", None, Once)
+        self.register("action", "store", Once)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # the options given in this parse (a default, even one from the environment, is not
+        # a first value); a subcommand's parser parses with a set of its own
+        outer, self._given = self._given, set()
+        try:
+            return super().parse_known_args(args, namespace)
+        finally:
+            self._given = outer
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def stop_on_signals(stopping: str = "stopping") -> StopToken:

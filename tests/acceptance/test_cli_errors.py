@@ -7,6 +7,7 @@ a worker told to stop by a signal."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from alkstore_sa.cli import build_parser, main
 from tests.conftest import require_pg
 from tests.support import (
     PG_URL,
@@ -100,6 +102,9 @@ def test_help_documents_exit_codes_and_traceback_flag(tmp_path: Path) -> None:
         (["worker", "builtins:repr"], "--queue"),
         (["dead", "list", "--queue", "a", "-q", "b"], "--queue"),
         (["dead", "requeue", "--queue", "a", "-q", "b", "1"], "--queue"),
+        (["status", "--url", "sqlite:///a.db", "--url", "sqlite:///b.db"], "--url"),
+        (["status", "--schema", "a", "--schema", "b"], "--schema"),
+        (["dead", "list", "-q", "a", "--limit", "1", "--limit", "2"], "--limit"),
     ],
     ids=lambda v: "-".join(v) if isinstance(v, list) else None,
 )
@@ -121,6 +126,84 @@ def test_a_repeated_queue_serves_every_queue_given(sqlite_db: Target, tmp_path: 
         assert [store.queue(q).stats().ready for q in "abc"] == [0, 0, 1]
     finally:
         store.close()
+
+
+# -- a single-valued option given twice -------------------------------------------------------------
+
+# the options documented as repeatable (docs/worker.md): each value given is used (with the
+# positionals their command needs)
+REPEATABLE = {("worker", "--queue"): ["builtins:repr"], ("sweep", "--queue"): []}
+
+
+def _options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.Action]]:
+    """Every option (not positional) of every (sub)command, with the command path that reaches it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for name, child in action.choices.items():
+                if id(child) not in seen:  # an alias maps to the same parser
+                    seen.add(id(child))
+                    yield from _options(child, (*path, name))
+        elif action.option_strings and action.nargs != 0:  # takes a value (not a flag, not --help)
+            yield path, action
+
+
+def _a_value(action: argparse.Action) -> str:
+    """A value the option's type accepts."""
+    for text in ("1", "1/1"):
+        try:
+            (action.type or str)(text)
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            continue
+        return text
+    raise AssertionError(f"no sample value for {action.option_strings}")
+
+
+def _long(action: argparse.Action) -> str:
+    return next(o for o in action.option_strings if o.startswith("--"))
+
+
+def _valued_options() -> list[tuple[tuple[str, ...], argparse.Action]]:
+    return list(_options(build_parser()))
+
+
+def test_every_option_that_takes_a_value_is_seen() -> None:
+    found = {(" ".join(path), opt) for path, action in _valued_options() for opt in action.option_strings}
+    assert len(found) > 40, found  # the walk reaches every subcommand
+    for expected in [("status", "--url"), ("status", "--schema"), ("worker", "-c"), ("worker", "--grace"),
+                     ("worker", "--poll-interval"), ("worker", "--worker-id"), ("dead list", "--limit"),
+                     ("queue limit", "--rate"), ("alembic-revision", "--down-revision"), ("dashboard", "--port")]:
+        assert expected in found
+    assert {(" ".join(path), _long(action)) for path, action in _valued_options()
+            if isinstance(action, argparse._AppendAction)} == set(REPEATABLE)
+
+
+@pytest.mark.parametrize(
+    ("path", "action"), _valued_options(),
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else "/".join(v.option_strings),
+)
+def test_a_single_valued_option_given_twice_is_refused(
+    path: tuple[str, ...], action: argparse.Action, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every option of every command that takes one value refuses a second one (exit 2, one
+    line naming it) rather than silently keeping the last; the repeatable ones keep both."""
+    monkeypatch.chdir(tmp_path)  # a command that ran anyway writes nothing into the checkout
+    for name in [k for k in os.environ if k.startswith("ALKSTORE_")]:
+        monkeypatch.delenv(name)  # ... nor reaches a database
+    value = _a_value(action)
+    for option in action.option_strings:  # e.g. -c twice, and -c then --concurrency
+        argv = [*path, option, value, action.option_strings[0], value]
+        if (" ".join(path), _long(action)) in REPEATABLE:
+            args = build_parser().parse_args([*argv, *REPEATABLE[" ".join(path), _long(action)]])
+            assert getattr(args, action.dest) == [value, value]
+            continue
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert _long(action) in lines[0] and "more than once" in lines[0], lines[0]
 
 
 REGISTRY = """
