@@ -44,6 +44,20 @@ def name(value: object, what: str = "name", *, allow_reserved: bool = False) -> 
     return value
 
 
+MAX_SCHEMA_BYTES = 63  # PostgreSQL's identifier limit (a longer name would be truncated)
+
+
+def schema(value: object) -> str:
+    """The PostgreSQL schema of alkstore's tables (checked on SQLite too, which ignores it):
+    a non-empty str of at most 63 bytes without NUL."""
+    if (
+        not isinstance(value, str) or not value or "\x00" in value
+        or len(value.encode("utf-8", "surrogatepass")) > MAX_SCHEMA_BYTES
+    ):
+        raise InvalidOptions(f"schema must be a non-empty str of at most {MAX_SCHEMA_BYTES} bytes without NUL")
+    return value
+
+
 def worker_id(value: object, what: str = "worker_id") -> str:
     """A claimant label: a non-empty str of at most 200 characters with no NUL."""
     if not isinstance(value, str) or not value:

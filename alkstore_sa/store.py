@@ -67,8 +67,7 @@ class Store:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         listen_url: Engine | str | URL | None = None,
     ) -> None:
-        if not isinstance(schema, str) or not schema or "\x00" in schema or len(schema.encode("utf-8", "surrogatepass")) > 63:
-            raise InvalidOptions("schema must be a non-empty str of at most 63 bytes without NUL")
+        v.schema(schema)
         if clock is not None and not callable(clock):
             raise InvalidOptions("clock must be None or a zero-argument callable returning epoch seconds")
         if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import alembic_revision, dashboard, dead, migrate, queue, schedules, status, sweep, worker
-from ._common import Parser
+from ._common import Parser, check_options
 from ._errors import EXIT_CODES, report
 
 COMMANDS = [migrate, alembic_revision, worker, status, queue, dead, sweep, schedules, dashboard]
@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
+        check_options(args)
         return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as exc:  # every failure: one line and an exit code
         return report(exc, args, show_traceback=args.traceback)

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from .. import _validate
 from .._urls import parse_url, sqlite_path
 from ..schema import DEFAULT_SCHEMA
 from ..stop import StopToken
@@ -38,6 +39,15 @@ def add_database_options(parser: argparse.ArgumentParser) -> None:
         help="PostgreSQL: a direct connection for LISTEN when --url goes through a "
         "transaction-mode pooler (default: $ALKSTORE_LISTEN_URL, else --url); see docs/pgbouncer.md",
     )
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """The options several commands share, checked as the library checks them before the
+    command runs (and before ``migrate`` creates a file or ``alembic-revision`` writes one):
+    a --schema ``Store`` would refuse is refused by every command, in the same words."""
+    schema = getattr(args, "schema", None)
+    if schema is not None:  # alembic-revision: None when not given (then read from the chain)
+        _validate.schema(schema)
 
 
 def database_url(args: argparse.Namespace) -> str:

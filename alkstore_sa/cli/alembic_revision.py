@@ -100,7 +100,7 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
         script.get_revision(down)  # raises CommandError when the app has no such revision
     prev_step, prev_schema = previous_alkstore(script, down)
     from_step = prev_step if args.from_step is None else args.from_step
-    schema = args.schema or prev_schema or DEFAULT_SCHEMA
+    schema = args.schema if args.schema is not None else prev_schema or DEFAULT_SCHEMA
     if prev_schema is not None and schema != prev_schema:
         raise CommandError(
             f"earlier alkstore revisions use schema {prev_schema!r}; a later step cannot move "

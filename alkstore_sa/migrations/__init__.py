@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from alembic import command
 
+from .. import _validate
 from .._urls import engine_from_url, parse_url
 from ..errors import DatabaseError, InvalidOptions, NotInstalled, SchemaOutdated, SchemaTooNew
 from ..schema import DEFAULT_SCHEMA, VERSION_TABLE
@@ -137,8 +138,9 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
     installed database. A database migrated by a newer alkstore_sa is never migrated: when
     its steps are usable by this version this logs why nothing happens; otherwise it
     raises ``SchemaTooNew``. Driver errors become ``DatabaseError``s, an unknown target
-    revision ``InvalidOptions``.
+    revision ``InvalidOptions``, as is a schema name ``Store`` would refuse.
     """
+    _validate.schema(schema)
     try:
         with engine.connect() as connection:
             if connection.dialect.name == "sqlite":
@@ -161,6 +163,7 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
 
 def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:
     """Undo the packaged migrations down to ``revision`` (all of them by default)."""
+    _validate.schema(schema)
     try:
         with engine.connect() as connection:
             current = current_revision(connection, schema)

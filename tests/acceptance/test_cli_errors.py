@@ -206,6 +206,46 @@ def test_a_single_valued_option_given_twice_is_refused(
         assert _long(action) in lines[0] and "more than once" in lines[0], lines[0]
 
 
+# -- an unusable --schema ------------------------------------------------------------------------------
+
+# every command that takes --schema, with the rest of a command line it would run with
+SCHEMA_COMMANDS = {
+    "migrate": [], "alembic-revision": ["--version-path", "out", "--down-revision", "base", "--from-step", "0"],
+    "worker": ["builtins:repr", "--queue", "q", "--burst"], "status": [], "queue pause": ["q"],
+    "queue resume": ["q"], "queue limit": ["q", "--concurrency", "1"], "dead list": ["--queue", "q"],
+    "dead show": ["1"], "dead requeue": ["--queue", "q", "1"], "sweep": [], "schedules": [],
+    "run-schedules": [], "dashboard": ["--port", "0"],
+}
+
+
+def test_every_command_with_a_schema_option_is_checked() -> None:
+    assert {" ".join(path) for path, action in _valued_options() if "--schema" in action.option_strings} == set(SCHEMA_COMMANDS)
+
+
+@pytest.mark.parametrize("schema", ["", "s" * 64], ids=["empty", "64-bytes"])
+@pytest.mark.parametrize("command", list(SCHEMA_COMMANDS))
+def test_an_unusable_schema_is_refused_by_every_command(
+    sqlite_db: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], command: str, schema: str,
+) -> None:
+    """The library's own check (as ``alk.Store`` makes it), exit 2, before anything is
+    written: ``migrate`` creates no SQLite file, ``alembic-revision`` writes no revision."""
+    monkeypatch.chdir(tmp_path)
+    url = ["--url", f"sqlite:///{tmp_path / 'new.db'}" if command == "migrate" else sqlite_db.url]
+    argv = [*command.split(), *SCHEMA_COMMANDS[command], "--schema", schema]
+    capsys.readouterr()
+    assert main(argv if command == "alembic-revision" else [*argv, *url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["alkstore: InvalidOptions: schema must be a non-empty str of at most 63 bytes without NUL"]
+    assert not (tmp_path / "new.db").exists() and not (tmp_path / "out").exists()
+
+
+def test_migrate_refuses_an_empty_schema_on_postgresql(pg_db: Target, tmp_path: Path) -> None:
+    """Was ``unexpected error: IndexError: string index out of range`` (exit 1)."""
+    line = one_line_failure(alkstore("migrate", "--url", PG_URL, "--schema", "", cwd=tmp_path), 2)
+    assert line == "alkstore: InvalidOptions: schema must be a non-empty str of at most 63 bytes without NUL"
+
+
 REGISTRY = """
 import alkstore_sa as alk
 

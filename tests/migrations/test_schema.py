@@ -66,6 +66,18 @@ def test_install_is_idempotent_and_recorded(db: Target) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("schema", ["", "s" * 64, "a\x00b"], ids=["empty", "64-bytes", "nul"])
+def test_migrations_refuse_an_unusable_schema_as_the_store_does(db: Target, schema: str) -> None:
+    """``migrations.upgrade``/``downgrade`` check the schema name as ``Store`` does, before
+    any SQL (an empty one was an IndexError from SQLAlchemy's quoting on PostgreSQL)."""
+    message = "schema must be a non-empty str of at most 63 bytes without NUL"
+    with pytest.raises(alk.InvalidOptions, match=message):
+        alk.Store(db.engine, schema=schema)
+    for run in (migrations.upgrade, migrations.downgrade):
+        with pytest.raises(alk.InvalidOptions, match=message):
+            run(db.engine, schema=schema)
+
+
 def test_not_installed_is_a_clear_error(tmp_path: Path) -> None:
     store = alk.Store(f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(alk.NotInstalled, match="alkstore migrate"):
