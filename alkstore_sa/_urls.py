@@ -97,6 +97,13 @@ def sqlite_path(url: URL) -> Path | None:
     return Path(database)
 
 
+def in_memory_sqlite(url: URL) -> bool:
+    """Whether ``url`` names an in-memory SQLite database (``sqlite://``, ``:memory:``, a
+    ``file:`` URI with ``mode=memory``): private to the connection that opens it, so no other
+    engine, connection or process can reach it."""
+    return url.get_backend_name() == "sqlite" and sqlite_path(url) is None
+
+
 def _psycopg_options(url: URL) -> tuple[URL, dict[str, Any]]:
     """Split the query into libpq options (checked, kept in the URL) and the keywords
     psycopg takes as Python values (converted, returned as connect args)."""

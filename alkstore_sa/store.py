@@ -28,7 +28,7 @@ from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, tra
 from ._registry import store_for as store_for
 from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
-from ._urls import engine_from_url, sqlite_path
+from ._urls import engine_from_url, in_memory_sqlite
 from .errors import InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
@@ -409,7 +409,7 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
         raise InvalidOptions("Store needs a SQLAlchemy Engine, an AsyncEngine or a database URL")
     if not app.dialect.is_async and (app.dialect.name != "postgresql" or app.dialect.driver == "psycopg"):
         return app, False, None
-    if app.dialect.name == "sqlite" and sqlite_path(app.url) is None:
+    if in_memory_sqlite(app.url):
         raise InvalidOptions(
             "an in-memory SQLite database is private to its connection: the store cannot reach "
             "it from its own (synchronous) engine; use a database file"

@@ -11,8 +11,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from sqlalchemy.engine import URL
+
 from .. import _validate
-from .._urls import parse_url, sqlite_path
+from .._urls import in_memory_sqlite, parse_url, sqlite_path
 from ..schema import DEFAULT_SCHEMA
 from ..stop import StopToken
 from ..store import Store
@@ -50,16 +52,26 @@ def check_options(args: argparse.Namespace) -> None:
         _validate.schema(schema)
 
 
-def database_url(args: argparse.Namespace) -> str:
+def database_url(args: argparse.Namespace) -> URL:
+    """The database the command works on, parsed. An in-memory SQLite database is refused:
+    it would live and die with this one command, unseen by the application and every other
+    process (``migrate`` would report an install that is gone when it exits)."""
     if not args.url:
         raise UsageError("no database URL: pass --url URL or set ALKSTORE_DATABASE_URL")
-    return str(args.url)
+    url = parse_url(str(args.url))
+    if in_memory_sqlite(url):
+        raise UsageError(
+            f"--url {url.render_as_string(hide_password=True)} is an in-memory SQLite database, "
+            f"gone when this command exits: an alkstore command needs a database file or server "
+            f"it can share with the application (e.g. sqlite:///app.db)"
+        )
+    return url
 
 
 def open_store(args: argparse.Namespace) -> Store:
     """The store the command works on. The database must exist: only ``migrate`` creates
     one (sqlite3 would otherwise create an empty file for a mistyped path)."""
-    url = parse_url(database_url(args))
+    url = database_url(args)
     path = sqlite_path(url)
     if path is not None and not path.exists():
         raise UsageError(

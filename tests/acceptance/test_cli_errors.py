@@ -208,8 +208,9 @@ def test_a_single_valued_option_given_twice_is_refused(
 
 # -- an unusable --schema ------------------------------------------------------------------------------
 
-# every command that takes --schema, with the rest of a command line it would run with
-SCHEMA_COMMANDS = {
+# every command that takes --schema (all but one take --url too), with the rest of a command
+# line it would run with
+COMMANDS = {
     "migrate": [], "alembic-revision": ["--version-path", "out", "--down-revision", "base", "--from-step", "0"],
     "worker": ["builtins:repr", "--queue", "q", "--burst"], "status": [], "queue pause": ["q"],
     "queue resume": ["q"], "queue limit": ["q", "--concurrency", "1"], "dead list": ["--queue", "q"],
@@ -219,11 +220,11 @@ SCHEMA_COMMANDS = {
 
 
 def test_every_command_with_a_schema_option_is_checked() -> None:
-    assert {" ".join(path) for path, action in _valued_options() if "--schema" in action.option_strings} == set(SCHEMA_COMMANDS)
+    assert {" ".join(path) for path, action in _valued_options() if "--schema" in action.option_strings} == set(COMMANDS)
 
 
 @pytest.mark.parametrize("schema", ["", "s" * 64], ids=["empty", "64-bytes"])
-@pytest.mark.parametrize("command", list(SCHEMA_COMMANDS))
+@pytest.mark.parametrize("command", list(COMMANDS))
 def test_an_unusable_schema_is_refused_by_every_command(
     sqlite_db: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str], command: str, schema: str,
@@ -232,7 +233,7 @@ def test_an_unusable_schema_is_refused_by_every_command(
     written: ``migrate`` creates no SQLite file, ``alembic-revision`` writes no revision."""
     monkeypatch.chdir(tmp_path)
     url = ["--url", f"sqlite:///{tmp_path / 'new.db'}" if command == "migrate" else sqlite_db.url]
-    argv = [*command.split(), *SCHEMA_COMMANDS[command], "--schema", schema]
+    argv = [*command.split(), *COMMANDS[command], "--schema", schema]
     capsys.readouterr()
     assert main(argv if command == "alembic-revision" else [*argv, *url]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -244,6 +245,38 @@ def test_migrate_refuses_an_empty_schema_on_postgresql(pg_db: Target, tmp_path: 
     """Was ``unexpected error: IndexError: string index out of range`` (exit 1)."""
     line = one_line_failure(alkstore("migrate", "--url", PG_URL, "--schema", "", cwd=tmp_path), 2)
     assert line == "alkstore: InvalidOptions: schema must be a non-empty str of at most 63 bytes without NUL"
+
+
+# -- an in-memory SQLite database ------------------------------------------------------------------
+
+IN_MEMORY = ["sqlite://", "sqlite:///:memory:", "sqlite:///file:mem?mode=memory&uri=true",
+             "sqlite:///file::memory:?uri=true", "sqlite+pysqlite://"]
+
+
+def test_every_command_with_a_url_option_is_checked() -> None:
+    with_url = {" ".join(path) for path, action in _valued_options() if "--url" in action.option_strings}
+    assert with_url == set(COMMANDS) - {"alembic-revision"}
+
+
+@pytest.mark.parametrize("url", IN_MEMORY)
+@pytest.mark.parametrize("command", sorted(set(COMMANDS) - {"alembic-revision"}))
+def test_an_in_memory_sqlite_url_is_refused_by_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, url: str,
+) -> None:
+    """An in-memory database dies with the command: ``migrate`` reported success on one (a
+    typo that looks like an install), the others said the tables were not installed."""
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main([*command.split(), *COMMANDS[command], "--url", url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "in-memory SQLite database" in err[0], err
+    assert "needs a database file or server it can share with the application" in err[0], err
+    assert list(tmp_path.iterdir()) == []  # not even a file named like the URL
+
+
+def test_migrate_refuses_an_in_memory_sqlite_url(tmp_path: Path) -> None:
+    line = one_line_failure(alkstore("migrate", "--url", "sqlite://", cwd=tmp_path), 2)
+    assert "in-memory SQLite database" in line and "alkstore schema at" not in line, line
 
 
 REGISTRY = """
