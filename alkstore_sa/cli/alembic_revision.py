@@ -95,7 +95,7 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
         )
     down = None if args.down_revision == "base" else args.down_revision
     if args.down_revision is None and script is not None:
-        down = script.get_current_head()  # raises CommandError on several heads: merge first
+        down = _single_head(script)
     elif down is not None and script is not None:
         script.get_revision(down)  # raises CommandError when the app has no such revision
     prev_step, prev_schema = previous_alkstore(script, down)
@@ -114,6 +114,19 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
     if from_step == args.to_step:
         return None, version_path
     return Plan(args.rev_id or rev_id(), down, from_step, args.to_step, schema), version_path
+
+
+def _single_head(script: ScriptDirectory) -> str | None:
+    """The app's one head (None for an empty chain). With several, the new revision would
+    have no single place to go: say what to do (Alembic's own words name its Python API)."""
+    heads = sorted(script.get_heads())
+    if len(heads) > 1:
+        raise CommandError(
+            f"the app's migrations have {len(heads)} heads ({', '.join(heads)}): merge them "
+            f"first (`alembic merge heads`), or pass --down-revision REV to chain the alkstore "
+            f"revision to one of them"
+        )
+    return heads[0] if heads else None
 
 
 def _versions_dir(script: ScriptDirectory | None) -> Path:
