@@ -72,7 +72,7 @@ class Acker:
         max_batch: int,
         *,
         in_flight: Callable[[], int],
-        lost: Callable[[Work], bool],
+        settling: Callable[[Work], bool],
         finish: Callable[[Work, Outcome, Answer], None],
         release: Callable[[int, bool], None],
         max_delay: float | None = None,
@@ -80,7 +80,9 @@ class Acker:
         self.max_batch = max(1, max_batch)
         self.max_delay = MAX_DELAY if max_delay is None else max_delay
         self._in_flight = in_flight  # jobs holding a slot (those pending here included)
-        self._lost = lost  # a heartbeat of the job's claim was refused: not written
+        # its outcome is written from now on (no more heartbeats); False: a heartbeat of
+        # its claim was refused before, the claim is gone and its ack is not written
+        self._settling = settling
         self._finish = finish  # records one job's outcome, given what its ack did
         self._release = release  # frees this many slots at once (True: without nudging the claimer)
         # offers a batch to the claim for the slots it frees (``Ride``); None: never
@@ -212,7 +214,7 @@ class Acker:
         the claimer takes it along (``Ride``), else as one statement of its own — then
         record each job's outcome and free the batch's slots together."""
         works = [p.work for p in batch]
-        writing = [w for w in works if not self._lost(w)]
+        writing = [w for w in works if self._settling(w)]
         ride_with = self.ride_with
         if writing and ride_with is not None:
             ride = Ride(self, works, writing)

@@ -12,12 +12,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .._retry import Backoff, Outage
 from ..errors import AlkstoreError, HandleConsumed
 from ..queue import JobHandle
 
 log = logging.getLogger("alkstore_sa")
 
 ClaimKey = tuple[int, int]  # (job id, attempt): one claim of one job
+
+RETRY_MIN, RETRY_MAX = 0.1, 1.0  # seconds: a failed heartbeat is retried after min(vt/10, 1 s)
 
 
 def claim_key(h: JobHandle) -> ClaimKey:
@@ -29,13 +32,20 @@ class _Entry:
     handle: JobHandle
     next_beat: float  # time.monotonic() of the next heartbeat
     lost: bool = False  # a heartbeat was refused: the claim is gone
+    settling: bool = False  # its outcome is being written: no more beats (``settling()``)
 
 
 class Heartbeater:
     """Extends each rostered claim every third of its job's visibility timeout (a failed
-    heartbeat is retried sooner); marks a claim lost when a heartbeat is refused."""
+    heartbeat is retried sooner); marks a claim lost when a heartbeat is refused — unless
+    the claim's outcome is being written, which is what removed or moved its row.
+
+    Heartbeats failing on the database (an outage) are one streak for the whole roster: a
+    WARNING when it starts, DEBUG lines while it lasts, an INFO line once a heartbeat works
+    again — not a line per job per retry."""
 
     def __init__(self) -> None:
+        self._outage = Outage(log, "heartbeats of this worker's claims", Backoff(RETRY_MIN, RETRY_MAX))
         self._lock = threading.Lock()
         self._roster: dict[ClaimKey, _Entry] = {}
         self._nudge = threading.Event()  # the schedule changed (new claims) or stop
@@ -68,6 +78,20 @@ class Heartbeater:
         with self._lock:
             self._roster.pop(key, None)
 
+    def settling(self, key: ClaimKey) -> bool:
+        """The claim's outcome is written from now on: it is heartbeated no more, and a
+        refusal of a heartbeat already on its way (the outcome's own write deleted or moved
+        the row) does not mark it lost. False when it was lost before: its outcome must not
+        be written."""
+        with self._lock:
+            entry = self._roster.get(key)
+            if entry is None:
+                return True
+            if entry.lost:
+                return False
+            entry.settling = True
+            return True
+
     def lost(self, key: ClaimKey) -> bool:
         """Whether a heartbeat of this claim was refused (the claim lapsed, was cancelled or
         swept)."""
@@ -79,7 +103,7 @@ class Heartbeater:
             self._wake_at = float("inf")  # awake: a claim added from now on nudges the wait below
             now = time.monotonic()
             with self._lock:
-                live = [e for e in self._roster.values() if not e.lost]
+                live = [e for e in self._roster.values() if not (e.lost or e.settling)]
             for entry in live:
                 if entry.next_beat <= now:
                     self._beat(entry)
@@ -96,14 +120,18 @@ class Heartbeater:
         except HandleConsumed:
             return  # its outcome was recorded meanwhile
         except AlkstoreError as exc:
-            log.warning("job %s: heartbeat failed (%s); will try again", entry.handle.id, exc)
-            entry.next_beat = time.monotonic() + min(vt / 10, 1.0)
+            self._outage.failed("failed", exc)  # its own delay is the claim's below
+            entry.next_beat = time.monotonic() + min(vt / 10, RETRY_MAX)
             return
+        self._outage.recovered()
         if ok:
             entry.next_beat = time.monotonic() + vt / 3
-        else:
+            return
+        with self._lock:  # against settling(): one of the two decides
+            if entry.settling:
+                return  # refused because its outcome's write took the row: not lost
             entry.lost = True
-            log.warning(
-                "job %s (attempt %d): claim lost (lapsed, cancelled or swept); its result will not be acked",
-                entry.handle.id, entry.handle._attempts,
-            )
+        log.warning(
+            "job %s (attempt %d): claim lost (lapsed, cancelled or swept); its result will not be acked",
+            entry.handle.id, entry.handle._attempts,
+        )

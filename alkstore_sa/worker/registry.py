@@ -3,8 +3,8 @@
 
 The row says it is live for three intervals past each refresh, so a worker killed without
 a chance to delete it drops out of ``store.workers()`` on time; a refresh that fails (the
-database is briefly away) is logged and tried again at the next interval, never stopping
-the worker.
+database is briefly away) is tried again at the next interval, never stopping the worker,
+and the outage is logged once as it starts and once as it ends.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import socket
 import threading
 from typing import Any
 
+from .._retry import Backoff, Outage
 from ..errors import AlkstoreError
 from ..store import Store
 
@@ -40,6 +41,11 @@ class Registration:
         }
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # an outage is logged once as it starts (WARNING) and once as it ends (INFO), not
+        # every interval while it lasts
+        self._outage = Outage(
+            log, f"worker {self._params['id']}: registry refresh", Backoff(self.interval, self.interval)
+        )
 
     def start(self) -> None:
         """Write the row now (the worker is listed once ``run()`` is under way), then keep
@@ -72,5 +78,6 @@ class Registration:
             with self.store.executor(retry=True) as ex:  # an upsert: repeating it is harmless
                 self.store.backend.worker_refresh(ex, {**self._params, "now": self.store.now()})
         except AlkstoreError as exc:
-            log.warning("worker %s: registry refresh failed (%s); retrying in %gs",
-                        self._params["id"], exc, self.interval)
+            self._outage.failed("failed", exc)  # retried at the next interval, as ever
+            return
+        self._outage.recovered()

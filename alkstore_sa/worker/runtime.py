@@ -154,7 +154,7 @@ class Worker:
         runner = Runner(self.concurrency, self._finish, freed)
         # acks of jobs finishing together go out as one statement (acker.py)
         acker = Acker(
-            self.batch_size, in_flight=lambda: runner.busy, lost=lambda w: self._roster.lost(w.key),
+            self.batch_size, in_flight=lambda: runner.busy, settling=lambda w: self._roster.settling(w.key),
             finish=self._finish, release=runner.release,
         )
         runner.defer = acker.add
@@ -248,7 +248,7 @@ class Worker:
         try:
             if outcome is None:
                 return
-            if self._roster.lost(w.key):
+            if not self._roster.settling(w.key):  # (for a batched ack: its writer asked first)
                 log.warning(
                     "job %s: claim lost before %s; not %sing", h.id, outcome.kind, outcome.kind, extra=context
                 )
