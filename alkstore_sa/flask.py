@@ -117,18 +117,33 @@ class _CannotRun(_Failed):
     exit_code = 2
 
 
+class _Once(click.Option):
+    """An option that takes one value and refuses a second, as ``alkstore worker``'s do
+    (click would keep the last one): parsed as repeatable, then checked."""
+
+    def __init__(self, *args: Any, default: Any = None, **kw: Any) -> None:
+        kw["multiple"] = True
+        super().__init__(*args, **kw)
+        self.single_default = default
+
+    def process_value(self, ctx: click.Context, value: Any) -> Any:
+        values = super().process_value(ctx, value)
+        if len(values) > 1:
+            raise click.UsageError(f"option {self.opts[-1]}: given more than once; it takes a single value", ctx)
+        return values[0] if values else self.single_default
+
+
 def _group() -> AppGroup:
     group = AppGroup("alkstore", help="alkstore_sa: run the app's tasks.")
 
     @group.command("worker")
     @click.option("--queue", "-q", "queues", multiple=True,
                   help="a queue to serve (repeatable; default: every queue that has a task)")
-    @click.option("-c", "--concurrency", type=int, default=None, help="jobs in flight at once (default 8)")
-    @click.option("--worker-id", default=None, help="claimant label (default host:pid:random)")
-    @click.option("--batch-size", type=int, default=None, help="jobs per claim (default: concurrency)")
-    @click.option("--poll-interval", type=float, default=5.0, show_default=True, help="re-poll safety net, seconds")
-    @click.option("--grace", type=float, default=30.0, show_default=True,
-                  help="seconds in-flight jobs get at shutdown")
+    @click.option("-c", "--concurrency", cls=_Once, type=int, help="jobs in flight at once (default 8)")
+    @click.option("--worker-id", cls=_Once, help="claimant label (default host:pid:random)")
+    @click.option("--batch-size", cls=_Once, type=int, help="jobs per claim (default: concurrency)")
+    @click.option("--poll-interval", cls=_Once, type=float, default=5.0, help="re-poll safety net, seconds (default 5)")
+    @click.option("--grace", cls=_Once, type=float, default=30.0, help="seconds in-flight jobs get at shutdown (default 30)")
     @click.option("--burst", is_flag=True, help="exit once no queue has anything claimable")
     def worker(queues: tuple[str, ...], concurrency: int | None, worker_id: str | None,
                batch_size: int | None, poll_interval: float, grace: float, burst: bool) -> None:

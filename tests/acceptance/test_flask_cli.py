@@ -161,3 +161,21 @@ def test_flask_alkstore_worker_without_the_tables_names_the_migration(tmp_path: 
     assert proc.returncode == 2, (out, err)
     assert "Traceback" not in err, err
     assert "alkstore migrate" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["-c", "2", "--concurrency", "3"], ["--worker-id", "a", "--worker-id", "b"], ["--batch-size", "1", "--batch-size", "2"],
+     ["--poll-interval", "1", "--poll-interval", "2"], ["--grace", "1", "--grace", "2"]],
+    ids=lambda argv: argv[-2],
+)
+def test_flask_alkstore_worker_refuses_a_repeated_single_valued_option(
+    sqlite_db: Target, tmp_path: Path, qname: str, argv: list[str]
+) -> None:
+    """As ``alkstore worker``: a repeat is a usage error, not "the last one wins"."""
+    (tmp_path / "flaskapp.py").write_text(APP)
+    proc = _flask(sqlite_db, tmp_path, qname, "--burst", *argv)
+    out, err = proc.communicate(timeout=STARTUP)
+    assert proc.returncode == 2, (out, err)
+    assert "given more than once" in err and argv[-2] in err, err
+    assert "worker:" not in out  # nothing ran
