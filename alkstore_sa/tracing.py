@@ -124,7 +124,13 @@ def _links(trace_context: str | None) -> list[Link]:
         return []
     if not isinstance(carrier, dict):
         return []
-    span_context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+    # only text headers, as the propagator wrote them: another producer's row (or a damaged
+    # one) may hold anything, and a propagator given a non-string value raises
+    headers = {k: v for k, v in carrier.items() if isinstance(k, str) and isinstance(v, str)}
+    try:
+        span_context = trace.get_current_span(propagate.extract(headers)).get_span_context()
+    except Exception:  # noqa: BLE001 - a custom propagator's parse error: no link, as for bad JSON
+        return []
     return [Link(span_context)] if span_context.is_valid else []
 
 

@@ -277,14 +277,22 @@ class Worker:
 
 
 def _traced(tracer: _tracing.Tracer, works: list[Work]) -> None:
-    """Open each job's CONSUMER span; the handler or task runs with it current."""
+    """Open each job's CONSUMER span; the handler or task runs with it current. A span that
+    cannot be opened (the application's tracer provider or exporter failing) leaves that
+    job untraced: tracing never keeps a claimed job from running."""
     for w in works:
         attributes = {"alkstore.worker_id": w.context["worker_id"]}
         if "task" in w.context:
             attributes["alkstore.task"] = w.context["task"]
-        w.span = tracer.process(w.job, attributes)
+        try:
+            span = tracer.process(w.job, attributes)
+        except Exception:  # noqa: BLE001 - logged; the job runs without its span
+            log.warning("job %s: its trace span could not be opened; it runs untraced", w.handle.id,
+                        extra=w.context, exc_info=True)
+            continue
+        w.span = span
         if w.call is not None:
-            w.call = w.span.wrap(w.call, w.is_async)
+            w.call = span.wrap(w.call, w.is_async)
 
 
 def _waker(claimer: Claimer, queue: str) -> Callable[[], None]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -391,6 +392,56 @@ def test_untraced_jobs_get_spans_without_links(
     run_burst(store, qname, lambda job: None)
     (span,) = named(spans, f"process {qname}")
     assert span.links == () and span.attributes["messaging.message.id"] == str(job_id)
+
+
+BAD_CONTEXTS = [
+    '{"traceparent": 5}', '{"traceparent": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]}',
+    '{"traceparent": {"a": 1}}', '{"tracestate": 7, "traceparent": "00-x"}', '{"traceparent": true}',
+    "not json", "[1, 2]", "null", '"str"', "{}", '{"traceparent": "00-zz-zz-01"}', '{"traceparent": null}',
+]
+
+
+@pytest.mark.parametrize("bad", BAD_CONTEXTS)
+def test_a_malformed_stored_context_is_no_link_and_never_stops_the_worker(
+    spans: InMemorySpanExporter, db: Target, store: alk.Store, qname: str, bad: str
+) -> None:
+    """A row's ``trace_context`` written by another producer (or damaged) is best effort:
+    no link, the job and the jobs claimed with it run (a non-string ``traceparent`` raised
+    ``TypeError`` in the propagator, which ended the worker and stranded its claims)."""
+    q = store.queue(qname)
+    broken, fine = q.enqueue(1), q.enqueue(2)
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET trace_context = :ctx WHERE id = :i", ctx=bad, i=broken)
+    assert tracing.link_of(bad) is None
+    ran: list[int] = []
+    run_burst(store, qname, lambda job: ran.append(job.id))
+    assert sorted(ran) == [broken, fine]
+    assert q.stats().pending == 0
+    processed = by_message(named(spans, f"process {qname}"))
+    assert processed[str(broken)].links == ()
+    assert len(processed[str(fine)].links) == 1
+
+
+class _BrokenTracer:
+    """An application's tracer that fails to start spans (a misconfigured SDK)."""
+
+    def start_span(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("exporter misconfigured")
+
+
+def test_a_span_that_cannot_be_opened_leaves_the_job_untraced_not_stranded(
+    spans: InMemorySpanExporter, store: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    q = store.queue(qname)
+    ids = q.enqueue_many([1, 2, 3])
+    installed = tracing._installed
+    assert installed is not None
+    monkeypatch.setattr(installed, "_tracer", _BrokenTracer())
+    ran: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        run_burst(store, qname, lambda job: ran.append(job.id))
+    assert sorted(ran) == ids and q.stats().pending == 0
+    assert caplog.text.count("its trace span could not be opened; it runs untraced") == 3
 
 
 # -- across processes ----------------------------------------------------------------------
