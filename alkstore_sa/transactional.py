@@ -45,10 +45,11 @@ def connection_of(session: SessionLike, function: str = "enqueue") -> Connection
             bind = session.get_bind()
         except Exception:  # noqa: BLE001 - binds per mapper only: the connection says below
             bind = None
-        if bind is not None:
+        if bind is not None:  # before session.connection(), which may already do I/O
             _refuse_outside_run_sync(bind.dialect, session, function)
         conn = session.connection()
-        _refuse_outside_run_sync(conn.dialect, session, function)
+        if bind is None:
+            _refuse_outside_run_sync(conn.dialect, session, function)
         return conn
     if is_async_session(session):
         raise InvalidOptions(

@@ -59,15 +59,32 @@ def create_app():
 '''
 
 
-def _flask(db: Target, tmp_path: Path, qname: str, *argv: str) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, argv: tuple[str, ...], **app_env: str) -> subprocess.Popen[str]:
+    """``flask --app flaskapp alkstore worker ARGV`` in ``tmp_path``, configured by ``app_env``."""
     return subprocess.Popen(
         [sys.executable, "-m", "flask", "--app", "flaskapp", "alkstore", "worker", *argv],
         cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env(
-            PYTHONUNBUFFERED="1", APP_DATABASE_URL=db.url, APP_SCHEMA=db.schema, DONE_TABLE=_done(db, qname),
-            SYNC_QUEUE=f"{qname}-sync", ASYNC_QUEUE=f"{qname}-async",
-        ),
+        env=env(PYTHONUNBUFFERED="1", **app_env),
     )
+
+
+def _flask(db: Target, tmp_path: Path, qname: str, *argv: str) -> subprocess.Popen[str]:
+    return _start(
+        tmp_path, argv, APP_DATABASE_URL=db.url, APP_SCHEMA=db.schema, DONE_TABLE=_done(db, qname),
+        SYNC_QUEUE=f"{qname}-sync", ASYNC_QUEUE=f"{qname}-async",
+    )
+
+
+def _burst_on(tmp_path: Path, url: str) -> tuple[int, str, str]:
+    """The app's worker run once (``--burst``) on ``url``, where it cannot work: (exit code,
+    stdout, stderr)."""
+    (tmp_path / "flaskapp.py").write_text(APP)
+    proc = _start(
+        tmp_path, ("--burst",), APP_DATABASE_URL=url, APP_SCHEMA="alkstore", DONE_TABLE="done",
+        SYNC_QUEUE="q-sync", ASYNC_QUEUE="q-async",
+    )
+    out, err = proc.communicate(timeout=STARTUP)
+    return proc.returncode, out, err
 
 
 def _done(db: Target, qname: str) -> str:
@@ -129,36 +146,18 @@ def test_init_app_checks_its_arguments(dbstore: alk.Store) -> None:
 def test_flask_alkstore_worker_on_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
     """As ``alkstore worker``: the error is one line saying what to check, exit 1, no
     traceback (the command used to print the driver's whole traceback)."""
-    (tmp_path / "flaskapp.py").write_text(APP)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flask", "--app", "flaskapp", "alkstore", "worker", "--burst"],
-        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env(
-            APP_DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test", APP_SCHEMA="alkstore",
-            DONE_TABLE="done", SYNC_QUEUE="q-sync", ASYNC_QUEUE="q-async",
-        ),
-    )
-    out, err = proc.communicate(timeout=STARTUP)
-    assert proc.returncode == 1, (out, err)
+    code, out, err = _burst_on(tmp_path, f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+    assert code == 1, (out, err)
     assert "Traceback" not in err, err
     assert "cannot connect to the database" in err and "Connection refused" in err, err
 
 
 def test_flask_alkstore_worker_without_the_tables_names_the_migration(tmp_path: Path) -> None:
-    (tmp_path / "flaskapp.py").write_text(APP)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flask", "--app", "flaskapp", "alkstore", "worker", "--burst"],
-        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env(
-            APP_DATABASE_URL=f"sqlite:///{tmp_path / 'empty.db'}", APP_SCHEMA="alkstore",
-            DONE_TABLE="done", SYNC_QUEUE="q-sync", ASYNC_QUEUE="q-async",
-        ),
-    )
-    out, err = proc.communicate(timeout=STARTUP)
-    assert proc.returncode == 2, (out, err)
+    code, out, err = _burst_on(tmp_path, f"sqlite:///{tmp_path / 'empty.db'}")
+    assert code == 2, (out, err)
     assert "Traceback" not in err, err
     assert "alkstore migrate" in err, err
 
