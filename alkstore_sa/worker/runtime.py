@@ -126,6 +126,7 @@ class Worker:
         self._count_lock = threading.Lock()
         self._roster = Heartbeater()
         self._claimer: Claimer | None = None
+        self._runner: Runner | None = None
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.Worker {self.worker_id!r} on {_names(self.queues)}>"
@@ -151,7 +152,7 @@ class Worker:
             else:
                 claimer.claim_freed()
 
-        runner = Runner(self.concurrency, self._finish, freed)
+        runner = self._runner = Runner(self.concurrency, self._finish, freed)
         # acks of jobs finishing together go out as one statement (acker.py)
         acker = Acker(
             self.batch_size, in_flight=lambda: runner.busy, settling=lambda w: self._roster.settling(w.key),

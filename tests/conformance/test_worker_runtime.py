@@ -461,3 +461,51 @@ def test_every_job_of_a_claim_starts_at_once_on_its_own_thread(store: alk.Store,
     assert [attempt for attempt, _ in ran] == [1] * 8  # no job ran twice
     assert len({name for _, name in ran[4:]}) == 4  # the second four on four threads
     assert q.stats().pending == 0 and q.stats().processing == 0
+
+
+def test_a_long_job_does_not_hold_up_the_jobs_claimed_with_it_on_a_worker_thread(store: alk.Store, qname: str) -> None:
+    """A claim made on a worker thread wakes no other thread at first: that thread runs the
+    claimed jobs itself, and the runner's watcher wakes another for a job still queued
+    after its next tick. The first job of the second claim blocks until the rest of that
+    claim ran; they must run meanwhile, on other threads."""
+    q = store.queue(qname)
+    rest_ran = threading.Event()
+    order: list[int] = []
+    lock = threading.Lock()
+
+    def handler(job: alk.Job) -> None:
+        n = job.payload["n"]
+        if n == 4 and not rest_ran.wait(WAIT):  # the second claim's first job
+            raise AssertionError("the jobs claimed with a blocked one never ran")
+        with lock:
+            order.append(n)
+            if {5, 6, 7} <= set(order):
+                rest_ran.set()
+
+    q.enqueue_many([{"n": i} for i in range(8)])
+    w = alk.Worker(store, q, handler, concurrency=4, batch_size=4, poll_interval=0.2)
+    with running(w) as r:
+        wait_for(lambda: len(order) == 8, "all eight jobs")
+        r.stop_and_join()
+    assert sorted(order) == list(range(8)) and order.index(4) > max(order.index(n) for n in (5, 6, 7))
+    assert q.stats().pending == 0 and q.stats().processing == 0
+
+
+def test_the_runners_watcher_stops_ticking_once_the_worker_is_idle(store: alk.Store, qname: str) -> None:
+    """The watcher ticks only while jobs claimed on worker threads come: an idle worker costs
+    no wake-ups."""
+    q = store.queue(qname)
+    done = threading.Semaphore(0)
+    q.enqueue_many([{"n": i} for i in range(200)])
+    w = alk.Worker(store, q, lambda job: done.release(), concurrency=4, batch_size=4, poll_interval=0.2)
+    with running(w) as r:
+        for _ in range(200):
+            assert done.acquire(timeout=WAIT)
+        wait_for(lambda: q.stats().processing == 0, "the last acks")
+        runner = w._runner
+        assert runner is not None and runner.ticks > 0  # claims on worker threads were watched
+        time.sleep(0.2)  # a hundred ticks, were it still ticking
+        before = runner.ticks
+        time.sleep(0.3)
+        assert runner.ticks == before
+        r.stop_and_join()
