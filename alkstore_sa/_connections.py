@@ -132,6 +132,7 @@ class ConnectionCache:
         self._closed = False
         _caches.add(self)
         _pool_owner.setdefault(engine, self._pid)
+        self._also_forked: weakref.WeakSet[Engine] = weakref.WeakSet()  # fresh_pool_at_fork()
         self._on_checkout = _returning_idle_when_full(weakref.ref(self))
         event.listen(engine, "checkout", self._on_checkout)
 
@@ -257,11 +258,24 @@ class ConnectionCache:
         self._idle = []
         self._generation += 1
         pid = self._pid = os.getpid()
-        engine = self._engine
-        if _pool_owner.get(engine) != pid:
-            orphan(engine.pool)
-            engine.dispose(close=False)  # SQLAlchemy's fork recipe: a new pool, the old one untouched
-            _pool_owner[engine] = pid
+        for engine in (self._engine, *self._also_forked):
+            _fresh_pool(engine, pid)
+
+    def fresh_pool_at_fork(self, engine: Engine) -> None:
+        """Give ``engine`` too a pool of the child's own in a forked child: an application
+        engine the store serves but does not run on (psycopg2, an AsyncEngine, any engine
+        ``register()``ed), whose sessions would otherwise use the parent's connections."""
+        _pool_owner.setdefault(engine, self._pid)
+        self._also_forked.add(engine)
+
+
+def _fresh_pool(engine: Engine, pid: int) -> None:
+    """(In a forked child.) SQLAlchemy's fork recipe, once per engine: a new pool, the
+    parent's left untouched and referenced."""
+    if _pool_owner.get(engine) != pid:
+        orphan(engine.pool)
+        engine.dispose(close=False)  # no I/O: an AsyncEngine's facade is reset the same way
+        _pool_owner[engine] = pid
 
 
 def _after_fork_in_child() -> None:

@@ -104,6 +104,7 @@ class Store:
         if app_engine is not None:  # the application's engine serves the transactional forms
             _registry.register(self, app_engine)
             self._extra_engines.add(_registry.root_engine(app_engine))
+            self._conns.fresh_pool_at_fork(_registry.root_engine(app_engine))
 
     def _listener_engine(self, listen_url: Engine | str | URL | None) -> tuple[Engine | None, bool]:
         """Where the PostgreSQL listener connects when not through ``engine`` (a direct
@@ -170,6 +171,7 @@ class Store:
             configure_sqlite_engine(sync_engine)  # the same busy timeout as the store's own
         _registry.register(self, sync_engine)
         self._extra_engines.add(_registry.root_engine(sync_engine))
+        self._conns.fresh_pool_at_fork(_registry.root_engine(sync_engine))
 
     def __enter__(self) -> Store:
         return self

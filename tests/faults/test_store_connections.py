@@ -536,3 +536,54 @@ def test_store_prepares_statements_only_on_a_direct_connection(pg: Target, qname
         direct.dispose()
         proxied.dispose()
         forwarder.close()
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg_async", "asyncpg"])
+def test_forked_child_never_uses_the_parents_connections_of_an_app_engine_the_store_does_not_run_on(
+    pg: Target, qname: str, driver: str
+) -> None:
+    """A psycopg2 or async application engine: the store runs its own operations on an engine
+    of its own, and the application's engine must get a fresh pool in the child too —
+    otherwise a gunicorn ``--preload`` worker's sessions run on the master's connections
+    (shared with every other worker: interleaved protocol, lost commits)."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url = sa.engine.make_url(PG_URL)
+    if driver == "psycopg2":
+        app: Any = sa.create_engine(url.set(drivername="postgresql+psycopg2"))
+    else:
+        app = create_async_engine(url.set(drivername="postgresql+" + driver.removesuffix("_async")))
+
+    loop = asyncio.new_event_loop()  # asyncpg's connections belong to the loop that opened them
+
+    def app_pid() -> int:
+        async def pid() -> int:
+            async with app.connect() as conn:
+                return int((await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one())
+
+        if isinstance(app, sa.Engine):
+            with app.connect() as conn:
+                return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        return loop.run_until_complete(pid())
+
+    store = alk.Store(app, schema=pg.schema)
+    try:
+        parent = app_pid()  # left idle in the application engine's pool
+
+        def child() -> dict[str, Any]:
+            nonlocal loop
+            loop = asyncio.new_event_loop()  # the child's own (the parent's runs nothing here)
+            return {"pid": app_pid(), "job": store.queue(qname).enqueue("child")}
+
+        result = _in_child(child)
+        assert result["pid"] != parent, "the child's session ran on the parent's connection"
+        assert app_pid() == parent  # the parent carries on with its own
+    finally:
+        store.close()
+        if isinstance(app, sa.Engine):
+            app.dispose()
+        else:
+            loop.run_until_complete(app.dispose())
+        loop.close()
