@@ -47,7 +47,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import Pool, QueuePool, SingletonThreadPool
+from sqlalchemy.pool import Pool, QueuePool
 
 from ._backends import Backend
 from .errors import StoreClosed
@@ -82,8 +82,9 @@ def _full(pool: Pool) -> bool:
 def _may_pin(pool: Pool) -> bool:
     """Whether connections may be kept checked out between operations: only for pools that
     hold several connections anyway, and only when the pool does not want to ping each
-    checkout (that ping is the rule pre-ping engines ask for)."""
-    return isinstance(pool, (QueuePool, SingletonThreadPool)) and not getattr(pool, "_pre_ping", False)
+    checkout (that ping is the rule pre-ping engines ask for). (A store never runs on a pool
+    that shares one connection between checkouts: store._SHARING_POOLS.)"""
+    return isinstance(pool, QueuePool) and not getattr(pool, "_pre_ping", False)
 
 
 class Held:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import AssertionPool, NullPool, SingletonThreadPool, StaticPool
 
 from . import _registry
 from . import _validate as v
@@ -395,21 +395,33 @@ class Store:
         return session_executor(conn, self.backend.for_dialect(conn.dialect))
 
 
+# Pools whose checkouts can get the connection another checkout holds (StaticPool: every
+# checkout; SingletonThreadPool: every checkout of a thread; AssertionPool allows one at a
+# time): a store operation there would run inside the application's open transaction, and
+# its own commit or rollback would end the application's.
+_SHARING_POOLS = (StaticPool, SingletonThreadPool, AssertionPool)
+
+
 def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
     """The engine the store's own operations run on, whether the store made it (and so
     disposes it at close), and the application's engine when that is another one.
 
     The store's own connections speak psycopg 3 (PostgreSQL) or sqlite3 synchronously. An
-    Engine of those is used as it is; for an AsyncEngine, or a PostgreSQL Engine of another
-    driver (psycopg2), the store makes its own engine on the same database from the URL —
-    and registers the application's engine for the transactional forms (SPEC §13).
+    Engine of those is used as it is; for an AsyncEngine, a PostgreSQL Engine of another
+    driver (psycopg2), or an Engine whose pool hands one connection to several checkouts
+    at once (``_SHARING_POOLS``), the store makes its own engine on the same database from
+    the URL — and registers the application's engine for the transactional forms (SPEC §13).
     """
     if isinstance(given, (str, URL)):
         return engine_from_url(given), True, None  # postgres:// etc. mean psycopg 3 (SPEC §4)
     app = getattr(given, "sync_engine", given)  # an AsyncEngine's synchronous facade
     if not isinstance(app, Engine):
         raise InvalidOptions("Store needs a SQLAlchemy Engine, an AsyncEngine or a database URL")
-    if not app.dialect.is_async and (app.dialect.name != "postgresql" or app.dialect.driver == "psycopg"):
+    if (
+        not app.dialect.is_async
+        and (app.dialect.name != "postgresql" or app.dialect.driver == "psycopg")
+        and not isinstance(app.pool, _SHARING_POOLS)
+    ):
         return app, False, None
     if in_memory_sqlite(app.url):
         raise InvalidOptions(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from tests.conftest import require_pg
@@ -115,3 +116,44 @@ def test_listen_url_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
     require_pg()
     with pytest.raises(alk.InvalidOptions, match="PostgreSQL"):
         alk.Store(PG_URL, listen_url=f"sqlite:///{tmp_path / 'y.db'}")
+
+
+# -- pools that hand one connection to several checkouts ----------------------------------
+
+
+@pytest.mark.parametrize("poolclass", ["StaticPool", "SingletonThreadPool"])
+def test_a_store_never_borrows_a_connection_the_application_holds(
+    db: Target, qname: str, poolclass: str
+) -> None:
+    """``StaticPool`` hands every checkout the same connection, ``SingletonThreadPool`` every
+    checkout of a thread: a store operation borrowing it would run inside the application's
+    open transaction, see its uncommitted rows, and end it (on SQLite, taking the
+    connection out of its transaction commits it). The store runs on an engine of its own
+    instead: the application's rollback leaves nothing and its commit keeps everything."""
+    kw: dict[str, Any] = {"poolclass": getattr(sa.pool, poolclass)}
+    if db.kind == "sqlite":
+        kw["connect_args"] = {"check_same_thread": False}  # the FastAPI tutorial's engine
+    engine = _engine(db, **kw)
+    store = alk.Store(engine, schema=db.schema)
+    meta = sa.MetaData()
+    schema = db.schema if db.kind == "postgresql" else None  # the app's own table, beside the store's
+    orders = sa.Table(f"orders_{qname}", meta, sa.Column("id", sa.Integer, primary_key=True), schema=schema)
+    try:
+        meta.create_all(engine)
+        for commit in (False, True):
+            with Session(engine) as session:
+                session.execute(orders.insert().values(id=1 if commit else 2))
+                job = alk.enqueue(session, qname, {"commit": commit})
+                # a store operation meanwhile runs on a connection of its own: it does not see
+                # the uncommitted job, nor end the application's transaction
+                assert store.get_job(job) is None
+                (session.commit if commit else session.rollback)()
+            with engine.connect() as conn:
+                ids = sorted(conn.execute(sa.select(orders.c.id)).scalars())
+            assert ids == ([1] if commit else [])
+            found = store.get_job(job)
+            assert (found is not None and found.queue == qname) if commit else found is None
+    finally:
+        store.close()
+        meta.drop_all(engine)
+        engine.dispose()
