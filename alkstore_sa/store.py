@@ -429,7 +429,9 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
             "it from its own (synchronous) engine; use a database file"
         )
     try:
-        own = engine_from_url(app.url)
+        # the application's pool rules (SPEC §4) carry over; its connect_args cannot (they
+        # live in its pool's creator, and are another driver's): docs/connections.md
+        own = engine_from_url(app.url, pool_pre_ping=app.pool._pre_ping, pool_recycle=app.pool._recycle)
     except InvalidOptions as exc:
         raise InvalidOptions(
             f"{exc}. The store runs its own operations through a synchronous driver (psycopg 3 "

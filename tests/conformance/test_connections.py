@@ -31,6 +31,14 @@ class Opened:
         self.count += 1
 
 
+class Checkouts(Opened):
+    """Counts the checkouts of an engine's pool (each one pinged under ``pool_pre_ping``)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.count = 0
+        event.listen(engine, "checkout", self._opened)
+
+
 def _engine(db: Target, **kw: Any) -> sa.Engine:
     return sa.create_engine(db.url, **kw)
 
@@ -157,3 +165,34 @@ def test_a_store_never_borrows_a_connection_the_application_holds(
         store.close()
         meta.drop_all(engine)
         engine.dispose()
+
+
+def _app_engine_the_store_does_not_run_on(db: Target, **kw: Any) -> sa.Engine:
+    """psycopg2 on PostgreSQL, a StaticPool on SQLite: the store makes an engine of its own."""
+    if db.kind == "postgresql":
+        return sa.create_engine(sa.engine.make_url(db.url).set(drivername="postgresql+psycopg2"), **kw)
+    return _engine(db, poolclass=sa.pool.StaticPool, connect_args={"check_same_thread": False}, **kw)
+
+
+def test_the_stores_own_engine_follows_the_application_engines_pool_rules(db: Target, qname: str) -> None:
+    """SPEC §4: the store's connections follow the engine's pool rules — also when the store
+    runs on an engine of its own (a psycopg2 or async application engine, a sharing pool):
+    ``pool_pre_ping`` (a checkout, so a ping, per operation; nothing kept) and
+    ``pool_recycle`` carry over to it."""
+    for kw in ({"pool_pre_ping": True}, {"pool_recycle": 0}):
+        app = _app_engine_the_store_does_not_run_on(db, **kw)
+        store = alk.Store(app, schema=db.schema)
+        try:
+            own = store.engine
+            assert own is not app
+            opened = Opened(own)
+            checkouts = Checkouts(own)
+            _ops(store, qname)
+            store.queue(qname).stats()
+            if "pool_pre_ping" in kw:
+                assert checkouts.count >= 4 and own.pool.checkedout() == 0  # type: ignore[attr-defined]
+            else:
+                assert opened.count >= 3, "the store reused a connection past pool_recycle"
+        finally:
+            store.close()
+            app.dispose()
