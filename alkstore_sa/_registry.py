@@ -4,9 +4,10 @@ session's engine (SPEC §4).
 
 The registration belongs to the *engine object*: ``Engine.execution_options()`` copies
 resolve to the engine they were made from, and nothing keys on the pool, so
-``engine.dispose()`` and a recycled pool change nothing. Engines are held weakly (a
-registration never keeps an application's engine alive); the stores strongly, until
-``close()``. When the open stores of one engine would write differently (another schema,
+``engine.dispose()`` and a recycled pool change nothing. Engines are held weakly, the
+stores strongly until ``close()`` — and an open store keeps its engine alive anyway
+(through the connections it keeps checked out), so it is ``close()`` that lets an
+engine go (docs/connections.md). When the open stores of one engine would write differently (another schema,
 clock or payload limit) a by-name call is ambiguous and raises ``InvalidOptions``; it
 never silently picks one. Stores that would write identically are interchangeable, and
 the earliest registered one serves.

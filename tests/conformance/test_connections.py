@@ -196,3 +196,24 @@ def test_the_stores_own_engine_follows_the_application_engines_pool_rules(db: Ta
         finally:
             store.close()
             app.dispose()
+
+
+def test_a_closed_store_keeps_nothing_of_its_engine_alive(db: Target, qname: str) -> None:
+    """docs/connections.md: an open store keeps its engine (and kept connections) until
+    ``close()``; after ``close()`` nothing of the library does — an app factory per test
+    that closes its stores gets its engines and connections back."""
+    import gc
+    import weakref
+
+    def use_and_close() -> weakref.ref[sa.Engine]:
+        engine = _engine(db)
+        store = alk.Store(engine, schema=db.schema)
+        store.queue(qname).stats()  # a connection kept by the store
+        with Session(engine) as session, session.begin():
+            alk.enqueue(session, qname, {"n": 1})  # the by-name path: the registration
+        store.close()
+        return weakref.ref(engine)
+
+    closed = use_and_close()
+    gc.collect()
+    assert closed() is None
