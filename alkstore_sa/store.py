@@ -28,7 +28,7 @@ from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, tra
 from ._registry import store_for as store_for
 from ._rows import job_from_row
 from ._sqlite import configure_sqlite_engine
-from ._urls import engine_from_url, in_memory_sqlite
+from ._urls import engine_from_url, in_memory_sqlite, parse_url
 from .errors import InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
@@ -166,6 +166,7 @@ class Store:
         sync_engine = getattr(engine, "sync_engine", engine)
         if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
             raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
+        _refuse_in_memory(sync_engine.url)  # never the store's database, which is a file
         self.backend.for_dialect(sync_engine.dialect)  # an unsupported driver fails here
         if self.backend.name == "sqlite":
             configure_sqlite_engine(sync_engine)  # the same busy timeout as the store's own
@@ -413,21 +414,19 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
     the URL — and registers the application's engine for the transactional forms (SPEC §13).
     """
     if isinstance(given, (str, URL)):
-        return engine_from_url(given), True, None  # postgres:// etc. mean psycopg 3 (SPEC §4)
+        url = parse_url(given)
+        _refuse_in_memory(url)
+        return engine_from_url(url), True, None  # postgres:// etc. mean psycopg 3 (SPEC §4)
     app = getattr(given, "sync_engine", given)  # an AsyncEngine's synchronous facade
     if not isinstance(app, Engine):
         raise InvalidOptions("Store needs a SQLAlchemy Engine, an AsyncEngine or a database URL")
+    _refuse_in_memory(app.url)
     if (
         not app.dialect.is_async
         and (app.dialect.name != "postgresql" or app.dialect.driver == "psycopg")
         and not isinstance(app.pool, _SHARING_POOLS)
     ):
         return app, False, None
-    if in_memory_sqlite(app.url):
-        raise InvalidOptions(
-            "an in-memory SQLite database is private to its connection: the store cannot reach "
-            "it from its own (synchronous) engine; use a database file"
-        )
     try:
         # the application's pool rules (SPEC §4) carry over; its connect_args cannot (they
         # live in its pool's creator, and are another driver's): docs/connections.md
@@ -439,6 +438,20 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
             f"register the application's: Store(create_engine(...)).register(engine)"
         ) from None
     return own, True, app
+
+
+def _refuse_in_memory(url: URL) -> None:
+    """InvalidOptions for an in-memory SQLite database, sync or async. It lives inside one
+    connection (or one sqlite3 connection shared under StaticPool), while a store opens,
+    closes and disposes its own connections and runs worker threads: install() would drop
+    the database with its pool, and the worker's connections would each see another one."""
+    if in_memory_sqlite(url):
+        raise InvalidOptions(
+            f"{url.render_as_string(hide_password=True)} is an in-memory SQLite database, private "
+            "to one connection: a store opens its own connections (and its worker threads "
+            "theirs), so it would lose or never see that database; use a database file "
+            "(in tests, e.g. a file in pytest's tmp_path)"
+        )
 
 
 def _utc(epoch: float) -> datetime:

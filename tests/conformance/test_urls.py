@@ -189,6 +189,42 @@ def test_store_refuses_an_unusable_url_before_connecting() -> None:
         alk.Store("nonsense")
 
 
+IN_MEMORY = ["sqlite://", "sqlite:///:memory:", "sqlite+pysqlite://", "sqlite:///file:mem?mode=memory&uri=true"]
+
+
+@pytest.mark.parametrize("url", IN_MEMORY)
+def test_store_refuses_an_in_memory_sqlite_url(url: str) -> None:
+    """A store keeps its own connections: an in-memory database would be another (empty)
+    one on each of them, so it is refused up front, as the CLI refuses it."""
+    with pytest.raises(alk.InvalidOptions, match="in-memory SQLite.*use a database file"):
+        alk.Store(url)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["default-pool", "StaticPool"])
+def test_store_refuses_an_in_memory_sqlite_engine_and_writes_nothing(static: bool) -> None:
+    """Was: under StaticPool (the one shared connection IS the database) Store() took the
+    engine and install() disposed it, dropping the application's own tables with it."""
+    kw: dict[str, object] = {"poolclass": sa.pool.StaticPool, "connect_args": {"check_same_thread": False}} if static else {}
+    engine = sa.create_engine("sqlite://", **kw)  # type: ignore[arg-type]
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+        with pytest.raises(alk.InvalidOptions, match="in-memory SQLite.*use a database file"):
+            alk.Store(engine)
+        with engine.connect() as conn:
+            names = conn.exec_driver_sql("SELECT name FROM sqlite_master").scalars().all()
+        assert names == ["users"]  # the application's table is still there
+    finally:
+        engine.dispose()
+
+
+def test_register_refuses_an_in_memory_sqlite_engine(tmp_path: Path) -> None:
+    engine = sa.create_engine("sqlite://")
+    with alk.Store(f"sqlite:///{tmp_path / 'r.db'}") as store, pytest.raises(alk.InvalidOptions, match="in-memory SQLite"):
+        store.register(engine)
+    engine.dispose()
+
+
 def test_refusals_never_show_the_password() -> None:
     for url in ("postgresql://u:s3cr3t@h/db?no_such_option=1", "postgresql://u:s3cr3t@h/db?prepare_threshold=x",
                 "postgresql://u:s3cr3t@h:port/db", "mysql://u:s3cr3t@h/db"):
