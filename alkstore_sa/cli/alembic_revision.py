@@ -12,6 +12,7 @@ the missing steps.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "alembic-revision",
         help="write your app's Alembic revision that installs/upgrades alkstore's tables (one head)",
     )
-    p.add_argument("-c", "--config", default="alembic.ini", help="the app's alembic.ini (default: ./alembic.ini)")
+    p.add_argument("-c", "--config", default="alembic.ini", help="the app's alembic.ini (default: ./alembic.ini; [tool.alembic] of a pyproject.toml beside it is read too)")
     p.add_argument("--down-revision", help="app revision to chain to, `base` for none (default: the app's single head)")
     p.add_argument(
         "--from-step", type=int,
@@ -84,7 +85,18 @@ def _app_scripts(config: str) -> ScriptDirectory | None:
     """The app's script directory, or None when it has no alembic.ini (arguments must say all)."""
     if not Path(config).is_file():
         return None
-    return ScriptDirectory.from_config(Config(config))
+    return ScriptDirectory.from_config(app_config(Path(config)))
+
+
+def app_config(ini: Path) -> Config:
+    """The app's Alembic config as the ``alembic`` command reads it: the ini plus the
+    ``[tool.alembic]`` table of a ``pyproject.toml`` — the one next to the ini, else the
+    current directory's, which is where ``alembic`` looks. Alembic >= 1.16's ``pyproject``
+    template keeps ``script_location`` there; older Alembic reads the ini alone."""
+    if "toml_file" not in inspect.signature(Config).parameters:  # Alembic < 1.16
+        return Config(str(ini))
+    toml = next((p for p in (ini.parent / "pyproject.toml", Path("pyproject.toml")) if p.is_file()), None)
+    return Config(str(ini), toml_file=None if toml is None else str(toml))
 
 
 def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Plan | None, Path]:

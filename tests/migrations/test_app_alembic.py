@@ -6,6 +6,7 @@ Also: a non-default alkstore schema end to end, and ``alkstore migrate --schema`
 
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from alkstore_sa.schema import VERSION_TABLE
 from tests.conftest import require_pg
 from tests.fresh_pg import fresh_pg_database
 from tests.migrations.alembic_app import (
+    ALEMBIC,
     ALKSTORE,
     ALKSTORE_TABLES,
     APP_REVISION,
@@ -195,6 +197,34 @@ def test_generator_without_an_alembic_ini(
     assert 'revision = "r1"' in text and 'down_revision = "app_9"' in text
     assert f"ALKSTORE_STEPS = (0, {migrations.steps.HEAD})" in text
     compile(text, "generated", "exec")  # valid Python
+
+
+@pytest.mark.skipif("toml_file" not in inspect.signature(Config).parameters, reason="Alembic < 1.16: no pyproject template")
+def test_generator_reads_a_pyproject_toml_project(tmp_path: Path) -> None:
+    """``alembic init --template pyproject`` keeps ``script_location`` in pyproject.toml's
+    [tool.alembic], not in alembic.ini: the generator reads both, as ``alembic`` does (was:
+    "No 'script_location' key found in configuration.", exit 2)."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    _ok(subprocess.run([ALEMBIC, "init", "--template", "pyproject", "migrations"], cwd=project,
+                       capture_output=True, text=True, timeout=120))
+    ini = project / "alembic.ini"
+    ini.write_text(re.sub(r"(?m)^sqlalchemy\.url = .*$", f"sqlalchemy.url = sqlite:///{project / 'app.db'}", ini.read_text()))
+    alembic = [ALEMBIC, "-c", str(ini)]
+    _ok(subprocess.run([*alembic, "revision", "-m", "orders", "--rev-id", "app_1"], cwd=project,
+                       capture_output=True, text=True, timeout=120))
+
+    out = _ok(subprocess.run([ALKSTORE, "alembic-revision", "--rev-id", "alk_1"], cwd=project,
+                             capture_output=True, text=True, timeout=120))
+    assert "revises app_1" in out, out
+    # -c from another directory: the pyproject.toml next to that ini is the one read
+    out = _ok(subprocess.run([ALKSTORE, "alembic-revision", "-c", str(ini)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120))
+    assert "nothing to generate" in out, out
+    assert _ok(subprocess.run([*alembic, "heads"], cwd=project, capture_output=True, text=True, timeout=120)).split() == ["alk_1", "(head)"]
+    _ok(subprocess.run([*alembic, "upgrade", "head"], cwd=project, capture_output=True, text=True, timeout=120))
+    with alk.Store(f"sqlite:///{project / 'app.db'}") as store:
+        store.check_schema()  # alkstore's tables at this library's head
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
