@@ -12,7 +12,7 @@ from typing import Any
 
 from . import alembic_revision, dashboard, dead, migrate, queue, schedules, status, sweep, worker
 from ._common import Parser, check_options
-from ._errors import EXIT_CODES, report
+from ._errors import EXIT_CODES, report, stdout_closed
 
 COMMANDS = [migrate, alembic_revision, worker, status, queue, dead, sweep, schedules, dashboard]
 
@@ -65,7 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         check_options(args)
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # `alkstore dead list | head -1`: stdout's reader is gone
+        return stdout_closed()
     except (Exception, KeyboardInterrupt) as exc:  # every failure: one line and an exit code
         return report(exc, args, show_traceback=args.traceback)
 

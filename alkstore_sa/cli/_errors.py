@@ -4,6 +4,7 @@ the documented exit code (see EXIT_CODES). ``--traceback`` adds the traceback ab
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from typing import Any
@@ -21,10 +22,14 @@ exit codes:
   2  the command cannot run as given: a usage error, an unusable --url, a handler that
      cannot be imported, a SQLite file that does not exist (only `migrate` creates one),
      or tables that are not installed or are outdated (run `alkstore migrate`)
+  141  stdout was closed by its reader (`| head`): no message, as other Unix tools end
 
 An error is one line on stderr; add --traceback to see where it happened."""
 
 TRACEBACK_HINT = "rerun with --traceback to see where it happened"
+# what a shell reports for a process that SIGPIPE killed (128 + 13), which is how other
+# Unix tools end when their reader goes away; Python ignores SIGPIPE and raises instead
+EXIT_STDOUT_CLOSED = 141
 
 
 class UsageError(AlkstoreError):
@@ -45,6 +50,22 @@ def report(exc: BaseException, args: argparse.Namespace | None, *, show_tracebac
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     print(f"alkstore: {message}", file=sys.stderr, flush=True)
     return code
+
+
+def stdout_closed() -> int:
+    """End quietly after stdout's reader went away (``| head``): nothing to report, and no
+    one to report it to on stdout. stdout is pointed at devnull, so the interpreter's final
+    flush of what is still buffered does not fail a second time (Python's signal docs,
+    "Note on SIGPIPE"). Returns the exit code."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # stdout is no file descriptor (replaced in-process): nothing to redirect
+        return EXIT_STDOUT_CLOSED
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    if devnull != fd:
+        os.close(devnull)
+    return EXIT_STDOUT_CLOSED
 
 
 def explain(exc: BaseException, args: argparse.Namespace | None) -> tuple[int, str]:

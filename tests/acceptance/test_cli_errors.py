@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+import alkstore_sa as alk
 from alkstore_sa.cli import build_parser, main
 from tests.conftest import require_pg
 from tests.support import (
@@ -90,6 +91,30 @@ def test_help_documents_exit_codes_and_traceback_flag(tmp_path: Path) -> None:
     res = alkstore("--help", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "exit codes" in res.stdout.lower() and "--traceback" in res.stdout
+
+
+@pytest.mark.parametrize("command", ["dead-list", "status"])
+def test_a_closed_stdout_ends_quietly_with_141(sqlite_db: Target, tmp_path: Path, command: str) -> None:
+    """``alkstore dead list | head -1``: the reader goes away, and the command ends as Unix
+    tools do (128 + SIGPIPE), with nothing on stderr — was "alkstore: [Errno 32] Broken
+    pipe", exit 1. ``dead list`` breaks while printing; ``status`` (a few lines) only at the
+    final flush."""
+    store = alk.Store(sqlite_db.url)
+    q = store.queue("d", max_attempts=1)
+    q.enqueue_many([{"i": i} for i in range(300)])
+    for handle in q.claim_batch("w", 300):
+        handle.fail("x")
+    store.close()
+    argv = {"dead-list": ["dead", "list", "--queue", "d", "--limit", "300"], "status": ["status"]}[command]
+    proc = subprocess.Popen(
+        [str(ALKSTORE), *argv, "--url", sqlite_db.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, env=env(), cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the command writes its first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=STARTUP) == 141, err
+    assert err == ""
 
 
 @pytest.mark.parametrize(
