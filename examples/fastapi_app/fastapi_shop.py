@@ -39,6 +39,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import alkstore_sa as alk
+from alkstore_sa.alembic_support import sync_url
 from alkstore_sa.dashboard import create_app as create_dashboard
 
 EMAILS = "emails"
@@ -53,14 +54,17 @@ def database_url() -> str:
 
 
 def async_url(url: str) -> sa.URL:
-    """The async form of a database URL: aiosqlite for SQLite; for PostgreSQL the URL's own
-    async driver (``+asyncpg``, ``+psycopg``), else psycopg 3's async mode."""
-    parsed = sa.make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        return parsed.set(drivername="sqlite+aiosqlite")
-    if parsed.get_driver_name() in ("asyncpg", "psycopg"):
-        return parsed
-    return parsed.set(drivername="postgresql+psycopg")  # create_async_engine picks psycopg's async API
+    """The async form of a database URL: aiosqlite for SQLite; for PostgreSQL ``+asyncpg``
+    as given, else psycopg 3's async mode. The URL is read as alkstore reads it
+    (``sync_url``: ``postgres://``, ``postgresql://``, ``+psycopg2`` all name psycopg 3),
+    so the app, its Alembic env and the worker agree on every form; InvalidOptions for a
+    database alkstore does not support."""
+    sync = sync_url(url)
+    if sync.get_backend_name() == "sqlite":
+        return sync.set(drivername="sqlite+aiosqlite")
+    given = sa.make_url(url)
+    # postgresql+psycopg: create_async_engine picks psycopg's async API
+    return given if given.drivername == "postgresql+asyncpg" else sync
 
 
 class Base(DeclarativeBase):

@@ -145,6 +145,47 @@ def test_dashboard_is_mounted_under_jobs_behind_the_apps_auth(shop: Shop, monkey
     assert shop.store.get_job(job_id) is None  # cancelled through the mounted dashboard
 
 
+@pytest.mark.parametrize(
+    ("url", "driver"),
+    [
+        ("postgres://u@h/db?sslmode=require", "postgresql+psycopg"),
+        ("postgresql://u@h/db?sslmode=require", "postgresql+psycopg"),
+        ("postgresql+psycopg://u@h/db?sslmode=require", "postgresql+psycopg"),
+        ("postgresql+psycopg2://u@h/db?sslmode=require", "postgresql+psycopg"),
+        ("postgresql+asyncpg://u@h/db?ssl=require", "postgresql+asyncpg"),
+        ("sqlite:///shop.db", "sqlite+aiosqlite"),
+        ("sqlite+aiosqlite:///shop.db", "sqlite+aiosqlite"),
+    ],
+)
+def test_fastapi_example_takes_every_url_form_its_readme_lists(url: str, driver: str) -> None:
+    """The README: "The database URL may be sync or async" — ``postgres://`` included (was
+    NoSuchModuleError: the example asked SQLAlchemy for a dialect named 'postgres')."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    module = load(EXAMPLES / "fastapi_app" / "fastapi_shop.py")
+    async_url = module.async_url(url)
+    given = sa.make_url(url)
+    assert async_url.drivername == driver
+    assert (async_url.host, async_url.database, dict(async_url.query)) == (given.host, given.database, dict(given.query))
+    engine = create_async_engine(async_url)  # the app's engine: an async driver, nothing connects
+    assert engine.dialect.is_async
+    asyncio.run(engine.dispose())
+    with pytest.raises(alk.InvalidOptions, match="mysql"):
+        module.async_url("mysql://u@h/db")
+
+
+def test_fastapi_example_serves_a_postgres_scheme_url() -> None:
+    """The ``postgres://`` form of a ``DATABASE_URL``, end to end: the app starts on it and
+    its worker drains what a request enqueued."""
+    require_pg()
+    with fresh_pg_database("alkshop") as pg_url:
+        url = sa.make_url(pg_url).set(drivername="postgres").render_as_string(hide_password=False)
+        with SHOPS["fastapi"](url) as shop:
+            status, body = shop.post({"email": "ada@example.com", "item": "tea"})
+            assert status == 201, body
+            assert shop.store.queue(shop.emails).stats().pending == 1
+
+
 @pytest.mark.parametrize("example", ["flask_app", "fastapi_app"])
 def test_demo_runs_in_one_command(example: str, tmp_path: Path) -> None:
     """What `make example-flask` / `make example-fastapi` run (on a SQLite file of its own)."""
