@@ -14,6 +14,7 @@ revisions are stamped into the version table by hand.
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.support import Target, drop_pg_schema, new_pg_schema, pg_target, sqli
 
 ALKSTORE = Path(sys.executable).with_name("alkstore")
 HEAD = migrations.head_revision()
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 NEWER_ADDITIVE = "alkstore_9998"  # a later step that says older readers can use it
 NEWER_BREAKING = "alkstore_9999_r9999"  # a later step that needs readers of step 9999
 FOREIGN = "3f2a91c0d7e4"  # not an alkstore revision id
@@ -86,6 +88,17 @@ def test_the_rule(revision: str, verdict: str) -> None:
     """The rule as a table, for this library's head (step 3)."""
     assert HEAD == "alkstore_0003"
     assert migrations.schema_verdict(revision) == verdict
+
+
+def test_the_docs_name_this_librarys_head() -> None:
+    """docs/install.md ("Upgrading") and docs/worker.md (what ``alkstore migrate`` prints)
+    name the head revision, so a new step cannot leave them behind (they said 0002, 0001)."""
+    install = (DOCS / "install.md").read_text(encoding="utf-8")
+    shipped = re.findall(r"up to its \*head\* \(`(alkstore_\w+)` in this\s+release\)", install)
+    assert shipped == [HEAD], shipped
+    worker = (DOCS / "worker.md").read_text(encoding="utf-8")
+    printed = re.findall(r"`alkstore schema at (alkstore_\w+)`", worker)
+    assert printed == [HEAD], printed
 
 
 def test_every_packaged_revision_is_readable_by_its_own_library() -> None:
