@@ -1,0 +1,36 @@
+"""What the built distributions carry, read from the build configuration (nothing is built
+here; `python -m build` plus `tar tzf` / `unzip -l` showed it once by hand): the package and
+its license file, never the checkout's tests, benchmarks or examples, whose test modules
+import ``tests.conftest`` and cannot run from an sdist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+
+def _pyproject() -> dict[str, object]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return dict(tomllib.load(f))
+
+
+def test_the_license_file_ships_with_the_license_expression() -> None:
+    config = _pyproject()
+    project = config["project"]
+    assert isinstance(project, dict)
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    # PEP 639's license expression and license-files need setuptools 77
+    assert "setuptools>=77" in config["build-system"]["requires"]  # type: ignore[index]
+
+
+def test_only_the_package_is_shipped() -> None:
+    tool = _pyproject()["tool"]
+    assert tool["setuptools"]["packages"]["find"]["include"] == ["alkstore_sa*"]  # type: ignore[index]
+    # setuptools puts tests/test*.py into an sdist by default: MANIFEST.in takes them out
+    pruned = {line.split()[1] for line in (ROOT / "MANIFEST.in").read_text().splitlines() if line.startswith("prune ")}
+    assert {"tests", "benchmarks", "examples"} <= pruned
