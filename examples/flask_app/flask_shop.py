@@ -10,8 +10,8 @@ with werkzeug's ``DispatcherMiddleware``, behind the app's own authentication: h
 Basic, user ``operator`` and the password in ``$SHOP_OPERATOR_PASSWORD`` (unset: the
 dashboard refuses everyone) — put your real auth in ``operators_only``.
 
-Run it: ``alembic upgrade head`` (in this directory), then ``flask --app flask_shop run``
-and ``flask --app flask_shop alkstore worker`` (or ``python flask_worker.py``). Database:
+Run it: ``alembic upgrade head`` (in this directory), then ``flask --app 'flask_shop:web_app()'
+run`` and ``flask --app flask_shop alkstore worker`` (or ``python flask_worker.py``). Database:
 ``$ALKSTORE_DATABASE_URL``, else a SQLite file in the temp directory.
 """
 
@@ -157,10 +157,11 @@ def create_app(url: str | None = None) -> Flask:
     db.init_app(app)
     with app.app_context():
         # The Store registers alkstore's schema and settings for db.engine, which
-        # task.enqueue(db.session, ...) finds through the session; check_schema fails fast,
-        # naming the command to run, when `alembic upgrade head` was not run.
+        # task.enqueue(db.session, ...) finds through the session. No check_schema() here:
+        # Flask's CLI builds the app with this factory for every command, and an error here
+        # would end `flask --app flask_shop alkstore worker` (which checks the schema itself:
+        # exit 2, naming the command to run) with a traceback. web_app() checks it.
         store = alk.Store(db.engine)
-        store.check_schema()
     # app.extensions["alkstore"] = store, and the `flask --app flask_shop alkstore worker`
     # command, which runs every task in an application context of the app it builds
     init_app(app, tasks, store)
@@ -196,4 +197,14 @@ def create_app(url: str | None = None) -> Flask:
         order = db.get_or_404(Order, order_id)
         return {"order_id": order.id, "email": order.email, "item": order.item}
 
+    return app
+
+
+def web_app(url: str | None = None) -> Flask:
+    """The app as the web server loads it (``flask --app 'flask_shop:web_app()' run``,
+    ``gunicorn 'flask_shop:web_app()'``): ``create_app()`` plus the schema check, so the
+    server fails at startup, naming the command to run, when `alembic upgrade head` was not
+    run — rather than in the first request."""
+    app = create_app(url)
+    app.extensions["alkstore"].check_schema()
     return app

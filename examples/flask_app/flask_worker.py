@@ -28,14 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", help="database URL (default: $ALKSTORE_DATABASE_URL or the example's SQLite file)")
     parser.add_argument("--drain", action="store_true", help="exit once the queues are empty")
     args = parser.parse_args(argv)
+    # The app (and its store) first: it is the app the tasks' application context comes from.
+    app = create_app(args.url)
+    store: alk.Store = app.extensions["alkstore"]
     try:
-        # The app (and its store) first: it checks the schema, failing fast with the command
-        # to run, and it is the app the tasks' application context comes from.
-        app = create_app(args.url)
+        store.check_schema()  # fails fast, naming the command to run, on a missing or older schema
     except alk.NotInstalled as exc:
         print(f"worker: {exc}", file=sys.stderr)
+        store.close()
         return 2
-    store: alk.Store = app.extensions["alkstore"]
     try:
         worker = alk.Worker(store, tasks, concurrency=2)  # both queues, fairly shared
         worker.run(alk.StopToken(), burst=args.drain)  # Ctrl-C stops it (KeyboardInterrupt)
