@@ -58,7 +58,7 @@ Answer = Callable[[JobHandle], bool]
 the error of a failed write."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     work: Work
     due: float  # time.monotonic() by which its ack must be written
@@ -87,7 +87,8 @@ class Acker:
         self._release = release  # frees this many slots at once (True: without nudging the claimer)
         # offers a batch to the claim for the slots it frees (``Ride``); None: never
         self.ride_with: Callable[[Ride], None] | None = None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken directly on the hot paths; waits go through _cond
+        self._cond = threading.Condition(self._lock)
         self._pending: list[_Pending] = []
         self._first_due = float("inf")  # the earliest due time among _pending
         self._writing = False  # a batch is being written (by the writer or a runner thread)
@@ -123,7 +124,7 @@ class Acker:
             return False
         now = time.monotonic()
         batch = None
-        with self._cond:
+        with self._lock:
             if self._stopping or self._thread is None:
                 return False
             due = now + min(self.max_delay, w.handle._visibility_timeout / 10)
@@ -161,7 +162,7 @@ class Acker:
         except BaseException:  # noqa: BLE001 - the slots it holds were freed; the writer lives on
             log.exception("recording a batch of acks failed unexpectedly; their claims will lapse")
         finally:
-            with self._cond:
+            with self._lock:
                 self._writing = False
                 if self._stopping or (self._pending and self._writer_needed()):
                     self._cond.notify()  # the writer looks at what came meanwhile

@@ -68,11 +68,14 @@ class Runner:
         self._finish = finish
         self._on_free = on_free  # told each time a slot frees up (wakes the claimer)
         self._busy = 0
-        self._changed = threading.Condition()  # guards _busy (the slots)
+        # guards _busy (the slots); hot paths take the lock itself (a Condition's own
+        # __enter__ is a Python-level call), and wait/notify through the Condition
+        self._slots = threading.Lock()
+        self._changed = threading.Condition(self._slots)
         # the items for the threads, and the chain that hands them out (module docstring)
         self._items: collections.deque[_Item] = collections.deque()
-        lock = threading.Lock()
-        self._handout = threading.Condition(lock)  # guards what follows; threads wait on it for items
+        self._lock = lock = threading.Lock()  # guards what follows (taken directly on hot paths)
+        self._handout = threading.Condition(lock)  # threads wait on it for items
         self._sleepers = 0  # threads waiting for an item, not woken yet
         self._coming = 0  # threads woken or started that have not looked at the items yet
         self._closing = False  # stop(): idle threads exit
@@ -93,23 +96,26 @@ class Runner:
 
     @property
     def busy(self) -> int:
-        """Slots taken: jobs handed over whose outcome has not been dealt with yet."""
-        with self._changed:
-            return self._busy
+        """Slots taken: jobs handed over whose outcome has not been dealt with yet (a
+        snapshot: reading one attribute needs no lock, and a locked read would be as
+        stale the moment the lock is released)."""
+        return self._busy
 
     def free(self) -> int:
-        with self._changed:
-            return self.concurrency - self._busy
+        return self.concurrency - self._busy
 
     def submit(self, works: list[Work]) -> None:
-        with self._changed:
+        with self._slots:
             self._busy += len(works)
         coros = []
+        items: list[_Item] = []
         for w in works:
             if w.is_async and w.outcome is None:
                 coros.append(self._run_async(w))
             else:
-                self._put(w, w.outcome)
+                items.append((w, w.outcome))
+        if items:
+            self._put(items)
         if coros:
             self._loop.submit_all(coros)  # one wake-up of the loop for the whole claim
 
@@ -117,7 +123,7 @@ class Runner:
         """Free ``n`` slots whose outcomes were recorded elsewhere (see ``defer``), together:
         the claimer is told once — unless ``claimed``: the claim for them is already under
         way on this thread (the acks rode with it, acker.py)."""
-        with self._changed:
+        with self._slots:
             self._busy -= n
             self._changed.notify_all()
         if not claimed:
@@ -161,7 +167,7 @@ class Runner:
         if outcome is None:
             self._done(w, None)
         elif not self._handed_over(w, outcome):
-            self._put(w, outcome)  # recorded on a thread: queue operations block
+            self._put([(w, outcome)])  # recorded on a thread: queue operations block
 
     def _handed_over(self, w: Work, outcome: Outcome) -> bool:
         """Whether ``defer`` took the outcome over (it never blocks: the loop calls it too)."""
@@ -183,20 +189,20 @@ class Runner:
             self._release()
 
     def _release(self) -> None:
-        with self._changed:
+        with self._slots:
             self._busy -= 1
             self._changed.notify_all()
         self._on_free()
 
     # -- threads -----------------------------------------------------------------------------
 
-    def _put(self, w: Work, outcome: Outcome | None) -> None:
-        """Queue an item for the threads; wake or start one unless one is on its way — or,
-        on one of the runner's own threads, which comes back for it, have the watcher
-        look after it (module docstring)."""
-        with self._handout:
-            self._items.append((w, outcome))
-            self._queued += 1
+    def _put(self, items: list[_Item]) -> None:
+        """Queue items for the threads; wake or start one unless one is on its way — or,
+        on one of the runner's own threads, which comes back for them, have the watcher
+        look after them (module docstring)."""
+        with self._lock:
+            self._items.extend(items)
+            self._queued += len(items)
             start = self._watch() if getattr(self._own, "runner", False) else self._call_next()
         if start is not None:
             start.start()
@@ -264,7 +270,7 @@ class Runner:
         one that came back by itself (it put them, or finished a job) leaves the rest to
         the watcher, unless a thread is on its way anyway."""
         start = None
-        with self._handout:
+        with self._lock:
             if called:
                 self._coming -= 1
             while not self._items:
