@@ -321,6 +321,13 @@ class Tasks:
         ignored, so a later version may add some) and ``UnknownTask`` when no task of this
         registry has the name.
         """
+        if type(payload) is dict:  # the shape Task.enqueue writes: checked without a loop
+            name, args, kwargs = payload.get("task"), payload.get("args"), payload.get("kwargs")
+            if type(name) is str and type(args) is list and type(kwargs) is dict:
+                task = self._tasks.get(name)
+                if task is None:
+                    raise UnknownTask(name)
+                return task, args, kwargs
         problem = _payload_problem(payload)
         if problem is not None:
             raise NotATaskPayload(f"{NotATaskPayload.default_message}; {problem}")
