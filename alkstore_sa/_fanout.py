@@ -21,19 +21,43 @@ class FanOut:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._subs: dict[str, dict[int, Deliver]] = {}
+        self._closers: dict[int, Callable[[], None]] = {}
+        self._closed = False
         self._ids = itertools.count(1)
 
-    def add(self, key: str, deliver: Deliver) -> tuple[int, bool]:
-        """Register; returns (token, whether this is the key's first subscriber)."""
+    def add(
+        self, key: str, deliver: Deliver, on_close: Callable[[], None] | None = None
+    ) -> tuple[int, bool]:
+        """Register; returns (token, whether this is the key's first subscriber).
+        ``on_close`` runs once at ``close()`` (at once if that already happened), so a
+        subscriber blocked waiting for deliveries learns that none will come."""
         with self._lock:
             token = next(self._ids)
             subs = self._subs.setdefault(key, {})
             subs[token] = deliver
-            return token, len(subs) == 1
+            first = len(subs) == 1
+            closed = self._closed
+            if on_close is not None and not closed:
+                self._closers[token] = on_close
+        if on_close is not None and closed:
+            on_close()
+        return token, first
+
+    def close(self) -> None:
+        """The hub stops: run every registered ``on_close`` once."""
+        with self._lock:
+            self._closed = True
+            closers, self._closers = list(self._closers.values()), {}
+        for on_close in closers:
+            try:
+                on_close()
+            except Exception:  # noqa: BLE001 - one bad subscriber must not stop the others
+                log.exception("alkstore notification subscriber failed at close")
 
     def remove(self, key: str, token: int) -> bool:
         """Unregister; returns whether the key has no subscriber left."""
         with self._lock:
+            self._closers.pop(token, None)
             subs = self._subs.get(key)
             if subs is None:
                 return False

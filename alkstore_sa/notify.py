@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
-from .errors import PayloadError
+from .errors import PayloadError, StoreClosed
 
 if TYPE_CHECKING:
     from .store import Store
 
 MAX_NOTIFY_BYTES = 7999  # PostgreSQL's NOTIFY payload limit, applied on both engines
-_CLOSED = object()
+_CLOSED = object()  # the subscription closed
+_STORE_CLOSED = object()  # its store closed
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Subscription:
     """Notifications of one channel, from the moment ``store.listen()`` returned until
     ``close()``. Iterating blocks for each next notification and ends at ``close()``.
 
+    ``store.close()`` ends every live subscription of the store: a blocked ``get()`` or
+    iteration raises ``StoreClosed`` (as a running ``stream.subscribe`` does), and so
+    does every later ``get()``; the subscription's own ``close()`` stays a no-op.
+
     ``listen()`` returns only once the channel is really listened to (on PostgreSQL: its
     LISTEN completed on the listener's live connection, also when another subscriber's
     LISTEN of it was still in flight); a PostgreSQL listener that cannot connect within
@@ -57,25 +62,35 @@ class Subscription:
         self.channel = v.name(channel, "channel name")
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._key = store.backend.channel_key(channel)
-        self._hub = store.hub()
-        self._token = self._hub.subscribe(self._key, self._deliver)
+        self._store = store
         self._closed = False
+        self._hub = store.hub()
+        self._token = self._hub.subscribe(self._key, self._deliver, self._store_closed)
 
     def _deliver(self, _seq: int, payload: str) -> None:
         self._items.put(Notification(self.channel, payload))
 
+    def _store_closed(self) -> None:
+        """The store's hub closed (``store.close()``): wake a blocked ``get()``."""
+        self._items.put(_STORE_CLOSED)
+
     def get(self, timeout: float | None = None) -> Notification | None:
         """The next notification, waiting up to ``timeout`` seconds (None: until one
-        arrives or the subscription closes); None on timeout or once closed."""
+        arrives or the subscription closes); None on timeout or once closed.
+        ``StoreClosed`` once the store is closed, also while waiting."""
+        self._store._check_open()
         if self._closed and self._items.empty():
             return None
         try:
             item = self._items.get(timeout=timeout)
         except queue.Empty:
             return None
-        if item is _CLOSED:
-            self._items.put(_CLOSED)
+        if item is _CLOSED or item is _STORE_CLOSED:
+            self._items.put(item)  # every later get() sees it too
+            if item is _STORE_CLOSED:
+                raise StoreClosed()
             return None
+        self._store._check_open()  # closed while a notification was queued
         return item  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[Notification]:
@@ -86,7 +101,8 @@ class Subscription:
             yield item
 
     def close(self) -> None:
-        """Stop listening; a blocked ``get()`` or iteration returns."""
+        """Stop listening; a blocked ``get()`` or iteration returns (idempotent, also
+        after ``store.close()``)."""
         if self._closed:
             return
         self._closed = True

@@ -20,6 +20,7 @@ import selectors
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -100,11 +101,12 @@ class PgHub:
 
     # -- caller side -------------------------------------------------------------------
 
-    def subscribe(self, key: str, deliver: Deliver) -> int:
+    def subscribe(self, key: str, deliver: Deliver, on_close: Callable[[], None] | None = None) -> int:
         """Register ``deliver`` and return once ``key`` is LISTENed on a live connection —
         also when another subscriber's LISTEN of it is still in flight. A listener that
-        cannot get there within ``LISTEN_TIMEOUT`` raises DatabaseError (registration undone)."""
-        return self._register(key, deliver, strict=True)
+        cannot get there within ``LISTEN_TIMEOUT`` raises DatabaseError (registration undone).
+        ``on_close`` runs once when the hub closes (the store closed)."""
+        return self._register(key, deliver, strict=True, on_close=on_close)
 
     def unsubscribe(self, key: str, token: int) -> None:
         if self.fanout.remove(key, token):
@@ -146,7 +148,8 @@ class PgHub:
 
     def close(self) -> None:
         """Stop the listener; queue and stream watchers get one last wake so that waiting
-        loops notice the closed store now rather than at their next re-poll."""
+        loops notice the closed store now rather than at their next re-poll, and every
+        subscription its ``on_close``."""
         with self._pipe_lock:
             if self._closed.is_set():
                 return
@@ -165,11 +168,14 @@ class PgHub:
             self._wake_r = self._wake_w = -1
         for key in list(self._queue_keys):
             self.fanout.dispatch(key, 0, "")
+        self.fanout.close()
 
-    def _register(self, key: str, deliver: Deliver, *, strict: bool) -> int:
+    def _register(
+        self, key: str, deliver: Deliver, *, strict: bool, on_close: Callable[[], None] | None = None
+    ) -> int:
         if self._closed.is_set():
             raise StoreClosed()
-        token, first = self.fanout.add(key, deliver)
+        token, first = self.fanout.add(key, deliver, on_close)
         if first:
             self._send("listen", key)
         try:

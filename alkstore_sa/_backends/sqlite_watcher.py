@@ -100,8 +100,9 @@ class SqliteHub:
 
     # -- caller side ---------------------------------------------------------------------
 
-    def subscribe(self, key: str, deliver: Deliver) -> int:
-        """Listening from now: only rows committed after this call are delivered."""
+    def subscribe(self, key: str, deliver: Deliver, on_close: Callable[[], None] | None = None) -> int:
+        """Listening from now: only rows committed after this call are delivered.
+        ``on_close`` runs once when the hub closes (the store closed)."""
         with self._lock:
             start = self._scalar(self._max_note_sql()) or 0
 
@@ -109,7 +110,7 @@ class SqliteHub:
                 if seq > start:
                     deliver(seq, payload)
 
-            token, _ = self.fanout.add(key, after_start)
+            token, _ = self.fanout.add(key, after_start, on_close)
         self._poke()  # the watcher may have stopped watching the file: it starts again
         return token
 
@@ -155,7 +156,8 @@ class SqliteHub:
 
     def close(self) -> None:
         """Stop watching; queue and stream watchers get one last wake so that waiting loops
-        notice the closed store now rather than at their next re-poll."""
+        notice the closed store now rather than at their next re-poll, and every
+        subscription its ``on_close``."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -169,6 +171,7 @@ class SqliteHub:
             self._conn.close()
         self.queues.dispatch_all()
         self.streams.dispatch_all()
+        self.fanout.close()
 
     # -- watcher thread ------------------------------------------------------------------
 

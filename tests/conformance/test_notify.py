@@ -5,6 +5,7 @@ SQLite notifications table's engine-side cap."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from sqlalchemy.orm import Session
@@ -286,6 +287,67 @@ def test_listen_on_a_closed_store_raises(db: Target) -> None:
         s.listen("x")
     with pytest.raises(alk.StoreClosed):
         s.notify("x", "y")
+
+
+def test_store_close_ends_every_live_subscription_with_store_closed(db: Target) -> None:
+    """SPEC §3: a subscription is a handle made from its store. close() wakes a blocked
+    iteration and a blocked get() of every live subscription with StoreClosed (as a
+    running ``stream.subscribe`` ends), and a later get() raises it too, also with
+    notifications still queued; the subscription's own close() stays a quiet no-op."""
+    s = db.store()
+    iterated, waiting, queued = s.listen("closing-store"), s.listen("closing-store"), s.listen("other")
+    s.notify("other", "still queued")
+    deadline = time.monotonic() + DELIVERY
+    while queued._items.qsize() == 0 and time.monotonic() < deadline:  # delivered, not taken
+        time.sleep(0.01)
+    assert queued._items.qsize() == 1
+    outcomes: dict[str, object] = {}
+    yielded: list[alk.Notification] = []
+
+    def iterate() -> None:
+        try:
+            yielded.extend(iterated)
+            outcomes["iteration"] = "ended"
+        except alk.AlkstoreError as exc:
+            outcomes["iteration"] = exc
+
+    def get() -> None:
+        try:
+            outcomes["get"] = waiting.get()  # no timeout: blocks until close
+        except alk.AlkstoreError as exc:
+            outcomes["get"] = exc
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (iterate, get)]
+    for t in threads:
+        t.start()
+    threads[0].join(QUIET)
+    assert all(t.is_alive() for t in threads)
+    s.close()
+    for t in threads:
+        t.join(DELIVERY)
+    assert not any(t.is_alive() for t in threads), "a blocked subscription outlived store.close()"
+    assert isinstance(outcomes["iteration"], alk.StoreClosed), outcomes
+    assert isinstance(outcomes["get"], alk.StoreClosed), outcomes
+    assert yielded == []
+    for sub in (iterated, waiting, queued):
+        with pytest.raises(alk.StoreClosed):
+            sub.get(timeout=0.1)
+        with pytest.raises(alk.StoreClosed):
+            sub.get()
+        with pytest.raises(alk.StoreClosed):
+            next(iter(sub))
+        sub.close()
+        sub.close()
+
+
+def test_a_subscription_closed_before_its_store_raises_store_closed_after(db: Target) -> None:
+    s = db.store()
+    sub = s.listen("closed-first")
+    sub.close()
+    assert sub.get(timeout=0) is None
+    s.close()
+    with pytest.raises(alk.StoreClosed):
+        sub.get(timeout=0)
 
 
 # -- volume: the SQLite table is capped by the engine --------------------------------------
