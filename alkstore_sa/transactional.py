@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.util.concurrency import in_greenlet
 
@@ -41,16 +42,9 @@ def connection_of(session: SessionLike, function: str = "enqueue") -> Connection
         _refuse_outside_run_sync(session.dialect, session, function)
         return session
     if isinstance(session, (Session, scoped_session)):
-        try:
-            bind = session.get_bind()
-        except Exception:  # noqa: BLE001 - binds per mapper only: the connection says below
-            bind = None
-        if bind is not None:  # before session.connection(), which may already do I/O
-            _refuse_outside_run_sync(bind.dialect, session, function)
-        conn = session.connection()
-        if bind is None:
-            _refuse_outside_run_sync(conn.dialect, session, function)
-        return conn
+        bind = _bind_of(session, function)
+        _refuse_outside_run_sync(bind.dialect, session, function)  # before any I/O
+        return session.connection()
     if is_async_session(session):
         raise InvalidOptions(
             f"alk.{function} got an {type(session).__name__}: use `await alk.a{function}(...)`"
@@ -58,6 +52,21 @@ def connection_of(session: SessionLike, function: str = "enqueue") -> Connection
     raise InvalidOptions(
         f"alk.{function} expected a Session, scoped_session or Connection, got {type(session).__name__}"
     )
+
+
+def _bind_of(session: Session | scoped_session[Any], function: str, *, is_async: bool = False) -> Any:
+    """The Engine or Connection the session runs on; InvalidOptions for a session bound to
+    none (``session.connection()`` would raise SQLAlchemy's UnboundExecutionError). Binds
+    per mapper or table only say nothing either: these functions touch no mapped class."""
+    try:
+        return session.get_bind()
+    except UnboundExecutionError:
+        kind, conn = ("an AsyncSession", "an AsyncConnection (await ") if is_async else (
+            f"a {type(session).__name__}", "a Connection (")
+        raise InvalidOptions(
+            f"alk.{function} got {kind} with no bind: bind it to an engine, or pass {conn}"
+            "session.connection(bind_arguments={'mapper': Model}))"
+        ) from None
 
 
 def _refuse_outside_run_sync(dialect: Any, session: object, function: str) -> None:
@@ -86,6 +95,8 @@ async def run_in_async_transaction(session: AsyncSessionLike, function: str, fn:
 
     if isinstance(session, async_scoped_session):
         session = session()  # the AsyncSession of the current scope
+    if isinstance(session, AsyncSession):
+        _bind_of(session.sync_session, f"a{function}", is_async=True)  # before run_sync names the sync form
     if isinstance(session, (AsyncSession, AsyncConnection)):
         return await session.run_sync(fn, *args, **kw)
     if isinstance(session, (Session, scoped_session, Connection)):

@@ -273,6 +273,42 @@ def test_neither_kind_of_session_names_what_is_accepted() -> None:
     asyncio.run(engine.dispose())
 
 
+def test_a_session_with_no_bind_raises_invalid_options(store: alk.Store) -> None:
+    """docs/api.md: every caller's-transaction function (sync and async, by name, by a Queue
+    handle and through a task) refuses a session bound to no engine with InvalidOptions,
+    not SQLAlchemy's UnboundExecutionError."""
+    q = store.queue("unbound")
+    tasks = alk.Tasks()
+
+    @tasks.task(queue="unbound")
+    def job(x: int) -> None: ...
+
+    calls: list[tuple[str, tuple[Any, ...]]] = [*FUNCTIONS, ("enqueue", (q, 1)), ("enqueue_many", (q, [1]))]
+    per_table = Session(binds={sa.Table("app_rows", sa.MetaData(), sa.Column("id", sa.Integer)): store.engine})
+    for session in (Session(), scoped_session(sessionmaker()), per_table):
+        for function, args in calls:
+            with pytest.raises(alk.InvalidOptions, match="no bind") as info:
+                getattr(alk, function)(session, *args)
+            assert f"alk.{function} got a {type(session).__name__}" in str(info.value)
+        with pytest.raises(alk.InvalidOptions, match="no bind"):
+            job.enqueue(session, 1)
+        with pytest.raises(alk.InvalidOptions, match="no bind"):
+            job.using(priority=1).enqueue(session, 1)
+
+    async def scenario() -> None:
+        scoped = async_scoped_session(async_sessionmaker(), scopefunc=lambda: 1)
+        for session in (AsyncSession(), scoped):
+            for function, args in calls:
+                with pytest.raises(alk.InvalidOptions, match="no bind") as info:
+                    await getattr(alk, "a" + function)(session, *args)
+                assert f"alk.a{function} got an AsyncSession" in str(info.value)
+            with pytest.raises(alk.InvalidOptions, match="no bind"):
+                await job.aenqueue(session, 1)
+
+    asyncio.run(scenario())
+    assert q.stats().pending == 0
+
+
 def test_register_takes_async_engines_of_every_supported_driver(_pg_module_target: Target) -> None:
     target = _pg_module_target
     with target.store() as store:
