@@ -6,9 +6,12 @@ import json
 import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidName, InvalidOptions, PayloadError
+
+if TYPE_CHECKING:
+    from .stop import StopToken
 
 RESERVED_PREFIX = "__alkstore"
 MAX_NAME_LENGTH = 200
@@ -105,6 +108,21 @@ def duration(value: object, what: str, *, minimum: float = 0.0, inclusive: bool 
 
 def optional_duration(value: object, what: str, **kw: Any) -> float | None:
     return None if value is None else duration(value, what, **kw)
+
+
+def timeout(value: object, what: str = "timeout") -> float | None:
+    """How long a call may wait: None (until its event) or a duration >= 0 (0: only look)."""
+    return optional_duration(value, what)
+
+
+def stop_token(value: object, what: str = "stop") -> StopToken:
+    """The ``stop`` argument of a loop: an ``alkstore_sa.StopToken`` (nothing else has the
+    ``on_stop`` callback the loops wake on)."""
+    from .stop import StopToken  # stop.py validates with this module: imported at call time
+
+    if not isinstance(value, StopToken):
+        raise InvalidOptions(f"{what} must be an alkstore_sa.StopToken, got {type(value).__name__}")
+    return value
 
 
 def int32(value: object, what: str, *, minimum: int = INT32_MIN) -> int:

@@ -74,15 +74,17 @@ class Subscription:
         """The store's hub closed (``store.close()``): wake a blocked ``get()``."""
         self._items.put(_STORE_CLOSED)
 
-    def get(self, timeout: float | None = None) -> Notification | None:
+    def get(self, timeout: v.Duration | None = None) -> Notification | None:
         """The next notification, waiting up to ``timeout`` seconds (None: until one
         arrives or the subscription closes); None on timeout or once closed.
-        ``StoreClosed`` once the store is closed, also while waiting."""
+        ``StoreClosed`` once the store is closed, also while waiting. ``timeout=0`` only
+        looks; anything but None or a duration >= 0 raises InvalidOptions."""
         self._store._check_open()
+        wait = v.timeout(timeout)
         if self._closed and self._items.empty():
             return None
         try:
-            item = self._items.get(timeout=timeout)
+            item = self._items.get(timeout=wait)
         except queue.Empty:
             return None
         if item is _CLOSED or item is _STORE_CLOSED:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
+from .errors import InvalidOptions
 from .model import Job
 from .queue import JobHandle, Queue, QueueOpts
 from .stop import StopToken
@@ -93,6 +94,9 @@ class Outbox:
         ``deliver`` may see a message again after a crash, so make it idempotent."""
         from .worker import Worker
 
+        stop = v.stop_token(stop)  # Worker.run(None) would run with a token nobody can stop
+        if not callable(deliver):  # else every message would fail in it until dead
+            raise InvalidOptions(f"deliver must be callable, got {type(deliver).__name__}")
         worker = Worker(
             self.store, self._queue, lambda job: deliver(job.payload), concurrency=1,
             worker_id=worker_id, poll_interval=poll_interval,

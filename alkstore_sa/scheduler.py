@@ -305,5 +305,6 @@ class Scheduler:
         the lease, before ticking again."""
         from ._schedule_runner import LeaderLoop
 
+        stop = v.stop_token(stop)
         ttl = v.duration(lease, "lease", inclusive=False)
         LeaderLoop(self, ttl, owner or f"scheduler-{uuid.uuid4().hex}").run(stop)

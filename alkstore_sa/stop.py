@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from . import _validate as v
+from .errors import InvalidOptions
+
 
 class StopToken:
     """Set once with ``stop()``; loops poll ``stopped`` or block in ``wait(timeout)``."""
@@ -29,11 +32,14 @@ class StopToken:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until stopped or ``timeout`` seconds passed; True when stopped."""
-        return self._event.wait(timeout)
+        """Block until stopped or ``timeout`` seconds passed (None: no limit, 0: only look);
+        True when stopped. InvalidOptions for anything but None or a duration >= 0."""
+        return self._event.wait(v.timeout(timeout))
 
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once when the token stops (at once if it already has)."""
+        if not callable(callback):
+            raise InvalidOptions(f"on_stop needs a callable, got {type(callback).__name__}")
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(callback)

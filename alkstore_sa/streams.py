@@ -115,6 +115,7 @@ class Stream:
         """
         self.store._check_open()
         consumer = v.name(consumer, "consumer name")
+        stop = v.stop_token(stop)
         wait = v.duration(poll_interval, "poll_interval", inclusive=False)
         v.int32(batch, "batch", minimum=1)
         return self._follow(consumer, stop, wait, batch)

@@ -79,6 +79,25 @@ def test_argument_errors_are_value_errors_and_alkstore_errors(err: type[Exceptio
     assert issubclass(alk.StoreClosed, alk.AlkstoreError)
 
 
+BAD_WAITS = [-1, -0.001, NAN, INF, -INF, True, "1", b"1", OVER_100Y]
+
+
+@pytest.mark.parametrize("bad", BAD_WAITS, ids=repr)
+def test_stop_token_wait_refuses_a_bad_timeout(bad: object) -> None:
+    stopped, token = alk.StopToken(), alk.StopToken()
+    stopped.stop()
+    expect(alk.InvalidOptions, lambda: stopped.wait(bad))  # type: ignore[arg-type]
+    expect(alk.InvalidOptions, lambda: token.wait(bad))  # type: ignore[arg-type]
+
+
+def test_stop_token_accepts_none_zero_and_timedelta_waits_and_only_callables() -> None:
+    token = alk.StopToken()
+    assert token.wait(0) is False and token.wait(timedelta(milliseconds=10)) is False
+    expect(alk.InvalidOptions, lambda: token.on_stop("not callable"))  # type: ignore[arg-type]
+    token.stop()  # the refused callback was not kept
+    assert token.wait(None) is True and token.wait(0) is True
+
+
 # -- invalid arguments raise their typed error and write nothing ------------------------------
 
 BAD_NAMES = [None, 42, b"emails", ["q"], "", "x" * 201, "\U0001f642" * 201, "a\x00b", "\x00",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy.orm import Session
@@ -26,6 +27,14 @@ def _fence(store: alk.Store, sub: alk.Subscription, channel: str | None = None) 
     channel = sub.channel if channel is None else channel
     store.notify(channel, "~fence~")
     assert sub.get(timeout=DELIVERY) == alk.Notification(channel, "~fence~")
+
+
+def _await_queued(sub: alk.Subscription, n: int) -> None:
+    """Wait until ``n`` notifications have reached ``sub`` without taking any."""
+    deadline = time.monotonic() + DELIVERY
+    while sub._items.qsize() < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sub._items.qsize() == n
 
 
 def _payloads(sub: alk.Subscription, n: int) -> list[str]:
@@ -225,6 +234,29 @@ def test_get_times_out_with_none(store: alk.Store) -> None:
         assert sub.get(timeout=0) is None
         store.notify("silence", "now")
         assert sub.get(timeout=DELIVERY) == alk.Notification("silence", "now")
+
+
+@pytest.mark.parametrize(
+    "bad", [-1, -0.001, float("nan"), float("inf"), float("-inf"), True, False, "1", b"1", [1], 101 * 365.25 * 86400],
+    ids=repr,
+)
+def test_a_bad_get_timeout_raises_invalid_options_and_takes_nothing(store: alk.Store, bad: object) -> None:
+    with store.listen("timeouts") as sub:
+        store.notify("timeouts", "kept")
+        _await_queued(sub, 1)
+        with pytest.raises(alk.InvalidOptions, match="timeout"):
+            sub.get(timeout=bad)  # type: ignore[arg-type]
+        assert sub.get(timeout=0) == alk.Notification("timeouts", "kept")
+
+
+def test_get_timeouts_none_zero_and_timedelta(store: alk.Store) -> None:
+    """None waits until a notification (or a close), 0 only looks, a timedelta is seconds."""
+    with store.listen("timeouts-ok") as sub:
+        assert sub.get(timeout=0) is None
+        assert sub.get(timeout=0.0) is None
+        assert sub.get(timeout=timedelta(milliseconds=20)) is None
+        store.notify("timeouts-ok", "a")
+        assert sub.get(timeout=None) == alk.Notification("timeouts-ok", "a")
 
 
 def test_iteration_yields_in_order_and_ends_at_close(store: alk.Store) -> None:

@@ -7,6 +7,7 @@ attempts) driven on the injected clock."""
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -215,6 +216,42 @@ def test_relay_delivers_every_message_in_order_then_acks(
     assert delivered[-1] == {"seq": 8}
     assert r.close() == "returned"
     assert all(ob.get_job(i) is None for i in ids)  # acked: gone
+
+
+@pytest.mark.parametrize(
+    ("deliver", "stop", "match"),
+    [
+        (print, None, "stop must be an alkstore_sa.StopToken"),
+        (print, "x", "stop must be an alkstore_sa.StopToken"),
+        ("not callable", alk.StopToken(), "deliver must be callable"),
+        (None, alk.StopToken(), "deliver must be callable"),
+    ],
+    ids=["stop=None", "stop=str", "deliver=str", "deliver=None"],
+)
+def test_relay_refuses_bad_arguments_at_the_call(store: alk.Store, obname: str, deliver: Any, stop: Any, match: str) -> None:
+    """InvalidOptions before any claim: ``stop=None`` used to run a relay nobody could stop,
+    and a ``deliver`` that is no callable failed every message until it was dead."""
+    ob = store.outbox(obname)
+    msg = ob.enqueue({"x": 1})
+    outcome: list[BaseException | str] = []
+
+    def call() -> None:
+        try:
+            ob.relay(deliver, stop, poll_interval=0.05)
+            outcome.append("returned")
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            outcome.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(3.0)
+    if t.is_alive() and isinstance(stop, alk.StopToken):
+        stop.stop()
+        t.join(WAIT)
+    assert outcome and isinstance(outcome[0], alk.InvalidOptions), f"the relay ran: {outcome}"
+    assert re.search(match, str(outcome[0]))
+    job = ob.get_job(msg)
+    assert job is not None and job.state == "pending" and job.attempts == 0
 
 
 def test_relay_retries_on_exception_after_the_backoff(

@@ -572,6 +572,19 @@ def test_the_leader_lock_name_is_reserved(store: alk.Store) -> None:
         store.lock(LEADER_LOCK)
 
 
+@pytest.mark.parametrize("bad", [None, "x", True, threading.Event()], ids=lambda v: type(v).__name__)
+def test_run_schedules_refuses_a_stop_that_is_no_stop_token(
+    store: alk.Store, clock: FakeClock, qname: str, bad: Any
+) -> None:
+    """Refused at the call: no lease taken, nothing fired."""
+    store.schedule("s", "@every 1s", qname, "p")
+    clock.advance(5)
+    with pytest.raises(alk.InvalidOptions, match="stop must be an alkstore_sa.StopToken"):
+        store.run_schedules(bad)
+    assert leader(store) is None
+    assert store.queue(qname).stats().pending == 0
+
+
 def test_runner_fires_while_leading_and_a_stop_returns_cleanly_and_releases(
     db: Target, store: alk.Store, clock: FakeClock, qname: str, runners: list[Runner]
 ) -> None:

@@ -374,6 +374,17 @@ def test_bad_poll_interval_raises_invalid_options(store: alk.Store, qname: str, 
         store.stream(qname).subscribe("c", stop, poll_interval=bad)
 
 
+@pytest.mark.parametrize("bad", [None, "x", True, object(), threading.Event()], ids=lambda v: type(v).__name__)
+def test_a_stop_that_is_no_stop_token_raises_invalid_options_at_the_call(
+    store: alk.Store, qname: str, bad: Any
+) -> None:
+    st = store.stream(qname)
+    st.publish("e")
+    with pytest.raises(alk.InvalidOptions, match="stop must be an alkstore_sa.StopToken"):
+        st.subscribe("c", bad)
+    assert st.offset("c") == 0
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "10"], ids=lambda v: repr(v)[:24])
 def test_bad_batch_raises_invalid_options(store: alk.Store, qname: str, bad: Any) -> None:
     stop = alk.StopToken()
