@@ -53,3 +53,29 @@ def test_every_option_is_in_the_reference(name: str, obj: object) -> None:
         keyword = p.default is not p.empty and not dataclasses.is_dataclass(obj)
         shown = f"{p.name}=" if keyword else p.name
         assert shown in API, f"{name}: parameter {shown!r} is not in docs/api.md"
+
+
+def _section(title: str) -> str:
+    start = API.index(f"## {title}\n")
+    end = API.find("\n## ", start + 1)
+    return API[start:] if end < 0 else API[start:end]
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 64, "a\x00b", None, 5], ids=repr)
+def test_the_reference_names_the_error_a_bad_schema_raises(bad: object) -> None:
+    """A schema is an option (SPEC §3 lists it among no names): InvalidOptions, as the CLI
+    says, and the reference says so."""
+    with pytest.raises(alk.InvalidOptions) as info:
+        alk.Store("sqlite:///never-created.db", schema=bad)  # type: ignore[arg-type]
+    assert not isinstance(info.value, alk.InvalidName)
+    store = _section("Store")
+    assert "`InvalidName` (bad `schema`)" not in store
+    assert "a bad `schema`" in store.split("Raises `InvalidOptions` (", 1)[1].split(")", 1)[0]
+
+
+def test_the_reference_says_a_lock_owner_is_no_name() -> None:
+    """The code checks an owner as a label (InvalidOptions, no reserved prefix: see
+    tests/conformance/test_locks.py); the reference must not call it a name."""
+    lock = _section("Lock")
+    assert "`owner` a name" not in lock
+    assert "`owner` is a label, not a name" in lock and "`InvalidOptions`" in lock

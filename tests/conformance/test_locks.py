@@ -265,6 +265,22 @@ def test_bad_owner_raises_invalid_options(
     assert lock_rows(db) == before
 
 
+def test_an_owner_is_a_label_the_name_rules_do_not_apply_to(
+    db: Target, store: alk.Store, lname: str
+) -> None:
+    """SPEC §3 lists no owner among the names: an owner with the reserved prefix is an
+    ordinary label on the caller's own lock, and the scheduler's lock stays out of reach
+    (its name is reserved, and a runner's owner is its own random id)."""
+    before = lock_rows(db)
+    lk = store.lock(lname)
+    assert lk.acquire("__alkstore_scheduler", TTL) is True
+    assert lk.holder().owner == "__alkstore_scheduler"  # type: ignore[union-attr]
+    assert lk.release("__alkstore_scheduler") is True
+    with pytest.raises(alk.InvalidName):
+        store.lock("__alkstore_scheduler")
+    assert lock_rows(db) == before
+
+
 BAD_TTLS = [0, 0.0, -1, -0.001, math.nan, math.inf, -math.inf, "10", True, None, 1e12, [1]]
 
 
