@@ -137,7 +137,7 @@ class Worker:
         """Claim and run jobs until ``stop``; then drain in-flight work (bounded by the
         grace period) and return. ``burst=True`` also returns once no queue has a
         claimable job and nothing runs (batch scripts, tests, cron-style runs)."""
-        stop = stop or StopToken()
+        stop = StopToken() if stop is None else v.stop_token(stop)
         self.store.check_schema()
         nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop
         stop.on_stop(nudge.set)

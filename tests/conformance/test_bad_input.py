@@ -98,6 +98,18 @@ def test_stop_token_accepts_none_zero_and_timedelta_waits_and_only_callables() -
     assert token.wait(None) is True and token.wait(0) is True
 
 
+@pytest.mark.parametrize("bad", ["x", 1, True, SimpleNamespace(stopped=False)], ids=repr)
+def test_worker_run_refuses_a_stop_that_is_no_stop_token(store: alk.Store, qname: str, bad: object) -> None:
+    """``Worker.run(stop)`` takes a StopToken (or None): anything else is refused before the
+    worker starts anything, and no job is claimed."""
+    q = store.queue(qname)
+    job = q.enqueue({"n": 1})
+    w = alk.Worker(store, q, lambda job: None)
+    expect(alk.InvalidOptions, lambda: w.run(bad, burst=True))  # type: ignore[arg-type]
+    found = store.get_job(job)
+    assert found is not None and found.attempts == 0
+
+
 # -- invalid arguments raise their typed error and write nothing ------------------------------
 
 BAD_NAMES = [None, 42, b"emails", ["q"], "", "x" * 201, "\U0001f642" * 201, "a\x00b", "\x00",
