@@ -9,7 +9,7 @@ path, and a generator-based one costs several microseconds more per use.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,10 @@ class RawExecutor:
 
     def transaction(self) -> _Transaction:
         return self._tx
+
+    def now(self) -> float | None:
+        """No clock of its own: the operation's parameters carry its time."""
+        return None
 
 
 class _Transaction:
@@ -122,6 +126,10 @@ class SessionExecutor:
         under pysqlite's transaction handling), so nothing is added."""
         return contextlib.nullcontext()
 
+    def now(self) -> float | None:
+        """No clock of its own: the operation's parameters carry its time."""
+        return None
+
 
 class PositionalSessionExecutor(SessionExecutor):
     """A SessionExecutor for a driver with positional ``$n`` parameters (asyncpg): the
@@ -171,13 +179,23 @@ class Lease:
     liveness check and the pool's pre-ping catch those before the statement goes out.
     """
 
-    __slots__ = ("_cache", "_held", "_retry", "_in_tx")
+    __slots__ = ("_cache", "_held", "_retry", "_in_tx", "_clock")
 
-    def __init__(self, cache: ConnectionCache, retry: bool = False) -> None:
+    def __init__(
+        self, cache: ConnectionCache, retry: bool = False, clock: Callable[[], float | None] | None = None
+    ) -> None:
         self._cache = cache
         self._held: Held | None = None
         self._retry = retry
         self._in_tx = False
+        self._clock = clock  # the store's: read again by an operation once it holds a lock (now())
+
+    def now(self) -> float | None:
+        """A fresh reading of the store's clock (None: the database's), for an operation that
+        waited for a lock: on SQLite, ``BEGIN IMMEDIATE`` may wait up to the busy timeout
+        while another connection writes, and a deadline from the reading taken before that
+        wait could be past when it lands."""
+        return None if self._clock is None else self._clock()
 
     def __enter__(self) -> Lease:
         self._held = self._cache.take()

@@ -388,7 +388,7 @@ class Store:
             raise StoreClosed()
         if not self._schema_checked:  # once per store: the first operation verifies the schema
             self.check_schema()
-        return Lease(self._conns, retry)
+        return Lease(self._conns, retry, self.now)
 
     def session_executor(self, conn: Connection) -> SessionExecutor:
         """An executor on the caller's connection, with the backend compiled for its driver."""

@@ -55,6 +55,10 @@ class Executor(Protocol):
 
     def transaction(self) -> AbstractContextManager[None]: ...
 
+    def now(self) -> float | None:
+        """The store's clock read again (None: the operation's parameters carry its time)."""
+        ...
+
 
 LIVE_COLUMNS = [jobs.c[f] for f in JOB_FIELDS] + [jobs.c.state]
 DEAD_COLUMNS = [dead_jobs.c[f] for f in JOB_FIELDS] + [DEAD, dead_jobs.c.last_error, dead_jobs.c.died_at]

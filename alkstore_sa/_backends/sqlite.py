@@ -208,9 +208,56 @@ class SQLiteBackend(Backend):
             self.DEAD_INSERT_COLUMNS, sa.select(*self.dead_values(src, last_error, errors))
         )
 
+    # -- the time of a write that waited for the lock -----------------------------------------
+    #
+    # BEGIN IMMEDIATE (and a lone write statement) may wait up to the busy timeout while
+    # another connection writes — an application's long import, say. A claim or lease whose
+    # deadline counted from the clock reading taken before that wait could be past when it
+    # lands: a claim dead on arrival is handed out again at once, and the job runs twice at
+    # the same time. So whatever sets a deadline reads the store's clock again once the
+    # write lock is held (``ex.now()``; the rate-limited claim does the same for its own
+    # reasons). A fence keeps the time the call was made at: a claim or lease live then and
+    # not taken over since (a new claim changes ``attempts``; a new owner changes ``owner``)
+    # is still the caller's, and refusing it would only cost a needless run.
+
+    @staticmethod
+    def _at_lock(ex: Executor, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """(The write lock held.) ``params`` with ``now`` read again."""
+        now = ex.now()
+        return params if now is None or now <= params["now"] else {**params, "now": now}
+
+    @staticmethod
+    def _turns_at_lock(ex: Executor, turns: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        """(The write lock held.) Every turn's ``now`` read again, one reading for them all."""
+        now = ex.now()
+        if now is None:
+            return turns
+        return [t if now <= t["now"] else {**t, "now": now} for t in turns]
+
+    @staticmethod
+    def _extended(ex: Executor, params: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        """(The write lock held.) ``params`` with the ``key`` duration lengthened by the wait
+        for the lock: the fence keeps ``now``, the new deadline counts from the lock."""
+        now = ex.now()
+        if now is None or now <= params["now"]:
+            return params
+        return {**params, key: params[key] + (now - params["now"])}
+
+    def heartbeat(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        with ex.transaction():
+            return super().heartbeat(ex, self._extended(ex, params, "extend"))
+
+    def lock_acquire(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        with ex.transaction():
+            return super().lock_acquire(ex, self._at_lock(ex, params))
+
+    def lock_renew(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        with ex.transaction():
+            return super().lock_renew(ex, self._extended(ex, params, "ttl"))
+
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         with ex.transaction():
-            return self._claim_steps(ex, params, guarded=True)
+            return self._claim_steps(ex, self._at_lock(ex, params), guarded=True)
 
     def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         return self._claim_steps(ex, params, guarded=False)
@@ -218,7 +265,7 @@ class SQLiteBackend(Backend):
     def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
         # one BEGIN IMMEDIATE for every queue's claim: the writer lock is taken once
         with ex.transaction():
-            return self._turns_in(ex, turns, budget)
+            return self._turns_in(ex, self._turns_at_lock(ex, turns), budget)
 
     def _turns_in(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
         # in the caller's transaction: the claim's own steps, without the BEGIN of claim()
@@ -319,11 +366,11 @@ class SQLiteBackend(Backend):
         try:
             with ex.transaction():
                 landed = self._ack_all(ex, acks)
-                return landed, self._turns_in(ex, turns, budget)
+                return landed, self._turns_in(ex, self._turns_at_lock(ex, turns), budget)
         except _ShortAck:
             pass
         with ex.transaction():  # both or neither, as above
-            return self._ack_each(ex, acks), self._turns_in(ex, turns, budget)
+            return self._ack_each(ex, acks), self._turns_in(ex, self._turns_at_lock(ex, turns), budget)
 
     def _ack_all(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[int, int]]:
         """(In the caller's transaction.) Delete each claimed job; every claim, if each one

@@ -1,0 +1,109 @@
+"""Deadlines set by a write that waited for SQLite's write lock (SQLite only).
+
+``BEGIN IMMEDIATE`` (and a lone write statement) waits up to the busy timeout while another
+connection writes — here the application holding its own write transaction, as a long
+import does. A claim, heartbeat or lock lease must count its deadline from when the lock
+is held, not from the clock reading taken before the wait: a claim whose deadline passed
+while it waited arrives dead, is handed out again at once, and the job runs twice at the
+same time (SPEC §5.3: the claim deadline is ``now + visibility_timeout``; §5.4: a
+heartbeat's new deadline is ``now + extend``; §8 likewise for a lease).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+import alkstore_sa as alk
+from alkstore_sa.queue import claim_turns
+from tests.support import WAIT, Target
+
+HOLD = 2.0  # seconds the application holds the write lock
+SHORT = 1.0  # a visibility timeout / ttl the wait outlasts
+
+
+@pytest.fixture
+def store(sqlite_db: Target) -> Iterator[alk.Store]:
+    s = sqlite_db.store()  # the real clock: the wait is real
+    yield s
+    s.close()
+
+
+@contextmanager
+def app_writing(store: alk.Store, seconds: float = HOLD) -> Iterator[None]:
+    """The application holds SQLite's write lock for ``seconds`` on a connection of its own,
+    from when this block is entered; the block's writes wait for it."""
+    path = store.engine.url.database
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=WAIT)
+        conn.execute("BEGIN IMMEDIATE")
+        holding.set()
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+        conn.close()
+        done.set()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert holding.wait(WAIT)
+    try:
+        yield
+    finally:
+        thread.join(WAIT)
+    assert done.is_set()
+
+
+def _left(deadline: object) -> float:
+    return deadline.timestamp() - time.time()  # type: ignore[attr-defined]
+
+
+def test_a_claim_that_waited_for_the_lock_arrives_live(store: alk.Store, qname: str) -> None:
+    q = store.queue(qname, visibility_timeout=SHORT)
+    q.enqueue({"n": 1})
+    with app_writing(store):
+        h = q.claim_one("w1")
+    assert h is not None
+    assert _left(h.job.claim_expires_at) > SHORT / 2, "the claim arrived (nearly) expired"
+    assert q.claim_one("w2") is None  # not handed out again
+
+
+def test_a_worker_claim_that_waited_for_the_lock_arrives_live(store: alk.Store, qname: str) -> None:
+    q = store.queue(qname, visibility_timeout=SHORT)
+    q.enqueue_many([{"n": 1}, {"n": 2}])
+    with app_writing(store):
+        ((_, handles),) = claim_turns(store, "w1", [q], 2, 2)
+    assert handles is not None and len(handles) == 2
+    assert all(_left(h.job.claim_expires_at) > SHORT / 2 for h in handles)
+    assert q.claim_batch("w2", 2) == []
+
+
+def test_a_heartbeat_that_waited_for_the_lock_extends_from_when_it_lands(store: alk.Store, qname: str) -> None:
+    q = store.queue(qname, visibility_timeout=HOLD + 1.0)
+    q.enqueue({"n": 1})
+    h = q.claim_one("w1")
+    assert h is not None
+    with app_writing(store):
+        assert h.heartbeat(SHORT) is True  # sent while the claim was live
+    job = store.get_job(h.id)
+    assert job is not None and _left(job.claim_expires_at) > SHORT / 2
+    assert q.claim_one("w2") is None
+
+
+def test_a_lock_lease_that_waited_for_the_lock_counts_from_when_it_lands(store: alk.Store) -> None:
+    lock = store.lock("nightly")
+    with app_writing(store):
+        assert lock.acquire("a", SHORT) is True
+    assert lock.acquire("b", SHORT) is False  # a's lease is live
+    holder = lock.holder()
+    assert holder is not None and _left(holder.expires_at) > SHORT / 2
+    with app_writing(store, HOLD / 2):  # renewed while live, landing after SHORT had passed
+        assert lock.renew("a", SHORT) is True
+    holder = lock.holder()
+    assert holder is not None and holder.owner == "a" and _left(holder.expires_at) > SHORT / 2
