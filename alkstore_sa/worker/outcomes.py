@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _validate as v
 from .._current import running
+from ..errors import InvalidOptions
 from ..queue import JobHandle
 from .observe import ACKED, DEAD, RETRIED
 
@@ -32,21 +33,48 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkstore_sa")
 
 
-class Fail(Exception):
-    """Raise from a handler to dead-letter the job now, with ``message`` as its last error."""
+def text_of(value: object) -> str:
+    """``value``'s text for an error or a log line, never raising: ``str(value)``, else
+    ``repr(value)`` (when ``str()`` raises or returns no str), else its type's name."""
+    for render in (str, repr):
+        try:
+            text = render(value)
+        except Exception:  # noqa: BLE001 - a broken __str__/__repr__ must not lose the outcome
+            continue
+        if isinstance(text, str):
+            return text
+    return type(value).__name__
 
-    def __init__(self, message: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
+
+def _message(value: object) -> str | None:
+    """What a ``Fail`` or ``Retry`` records for ``value``: a str as given, None as None, any
+    other object its text (its type's name when that is empty: ``Fail(ValueError())``)."""
+    if value is None or isinstance(value, str):
+        return value
+    return text_of(value) or type(value).__name__
+
+
+class Fail(Exception):
+    """Raise from a handler to dead-letter the job now, with ``message`` as its last error:
+    any object, recorded as its text (``raise alk.Fail(exc)``), or None ("failed")."""
+
+    def __init__(self, message: object = None) -> None:
+        text = _message(message)
+        super().__init__(text)
+        self.message = text
 
 
 class Retry(Exception):
-    """Raise from a handler to retry the job after ``delay`` seconds (None: the backoff curve)."""
+    """Raise from a handler to retry the job after ``delay`` seconds (None: the backoff
+    curve), recording ``error`` (any object, as its text). A bad ``delay`` raises
+    InvalidOptions here, at the ``raise``, checked as ``JobHandle.retry`` checks it."""
 
-    def __init__(self, delay: v.Duration | None = None, error: str = "retry requested") -> None:
-        super().__init__(error)
+    def __init__(self, delay: v.Duration | None = None, error: object = "retry requested") -> None:
+        v.optional_duration(delay, "Retry delay")
+        text = _message(error)
+        super().__init__(text)
         self.delay = delay
-        self.error = error
+        self.error = "retry requested" if text is None else text
 
 
 @dataclass(frozen=True)
@@ -101,10 +129,10 @@ async def aoutcome_of(work: Work) -> Outcome:
 
 
 def _raised(work: Work, exc: BaseException) -> Outcome:
-    if isinstance(exc, Fail):
-        return Outcome("fail", exc.message)
+    if isinstance(exc, Fail):  # attributes read defensively: a subclass may set its own
+        return Outcome("fail", _message(getattr(exc, "message", None)))
     if isinstance(exc, Retry):
-        return Outcome("retry", exc.error, exc.delay)
+        return Outcome("retry", _message(getattr(exc, "error", None)), getattr(exc, "delay", None))
     job = work.job
     log.warning(
         "job %s of %r raised %s: %s", job.id, job.queue, type(exc).__name__, exc,
@@ -137,6 +165,14 @@ def landed_as(h: JobHandle, outcome: Outcome) -> str:
     if outcome.kind == "fail" or h._attempts >= h._max_attempts:
         return DEAD
     return RETRIED
+
+
+def refused(outcome: Outcome, exc: InvalidOptions) -> Outcome:
+    """The plain retry on the backoff curve recorded when the handle refused ``outcome``'s
+    arguments (a Fail or Retry subclass that skipped the constructor's checks): the error
+    says what was wrong, and the job is never left to lapse unrecorded."""
+    error = "" if outcome.error is None else f": {text_of(outcome.error)}"
+    return Outcome("retry", f"{outcome.kind} refused ({exc}); retried on the backoff curve instead{error}")
 
 
 def settle(

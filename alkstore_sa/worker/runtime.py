@@ -31,7 +31,7 @@ from .acker import Acker, Answer
 from .claimer import Claimer
 from .dispatch import Dispatch, HandlerDispatch, TaskDispatch, Work, job_context
 from .heartbeater import Heartbeater
-from .outcomes import Outcome, settle
+from .outcomes import Outcome, refused, settle
 from .registry import Registration
 from .runner import Runner
 
@@ -257,7 +257,16 @@ class Worker:
                 observe.finished(h, landing, w.duration)
                 return
             try:
-                landed = settle(h, outcome, context, ack)
+                try:
+                    landed = settle(h, outcome, context, ack)
+                except InvalidOptions as exc:
+                    if outcome.kind == "ack":
+                        raise
+                    # the refused call did not consume the handle: record a retry instead
+                    log.error("job %s: %s refused (%s); retrying it on the backoff curve",
+                              h.id, outcome.kind, exc, extra=context)
+                    outcome = refused(outcome, exc)
+                    landed = settle(h, outcome, context, ack)
             except (AlkstoreError, ValueError) as exc:
                 log.error("job %s: %s failed: %s", h.id, outcome.kind, exc, extra=context)
                 return

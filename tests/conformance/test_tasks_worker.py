@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -392,6 +393,162 @@ def test_a_task_raising_systemexit_or_keyboardinterrupt_is_retried_with_that_err
         assert job is not None and job.state == "pending" and job.attempts == 1, job
         assert job.errors[-1]["error"] == expected, job.errors
         assert job.run_at.timestamp() > clock()  # on the backoff curve
+
+
+# -- what Fail and Retry carry -------------------------------------------------------------------
+
+
+class _Coded(alk.Fail):
+    """A Fail subclass that sets its message itself (no ``super().__init__``)."""
+
+    def __init__(self, code: int) -> None:
+        self.message = code  # type: ignore[assignment]
+
+
+def _zero_division() -> ZeroDivisionError:
+    try:
+        1 / 0  # noqa: B018 - the real exception, as `except ... as e: raise alk.Fail(e)` sees it
+    except ZeroDivisionError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+FAILS: dict[str, tuple[Callable[[], BaseException], str]] = {
+    "exception": (lambda: alk.Fail(_zero_division()), "division by zero"),
+    "empty-exception": (lambda: alk.Fail(ValueError()), "ValueError"),
+    "int": (lambda: alk.Fail(5), "5"),
+    "none": (lambda: alk.Fail(None), "failed"),
+    "subclass-int": (lambda: _Coded(404), "404"),
+}
+
+
+def _both_kinds(tasks: alk.Tasks, queue: str, make: Callable[[str], BaseException]) -> tuple[alk.Task, alk.Task]:
+    """A sync and an async task that raise ``make(kind)``."""
+
+    @tasks.task(queue=queue, name="raises_sync")
+    def raises_sync(kind: str) -> None:
+        raise make(kind)
+
+    @tasks.task(queue=queue, name="raises_async")
+    async def raises_async(kind: str) -> None:
+        await asyncio.sleep(0)
+        raise make(kind)
+
+    return raises_sync, raises_async
+
+
+def test_fail_records_the_text_of_any_message(store: alk.Store, qname: str) -> None:
+    """``Fail(msg)`` → ``fail(msg)`` whatever ``msg`` is: an exception object (``raise
+    alk.Fail(exc)``), a number, a subclass's own attribute — its text is the last error
+    (None: "failed"). A non-str was refused by ``fail()`` inside the worker, and the job
+    stayed processing until its claim lapsed, ending dead with no error recorded."""
+    tasks = alk.Tasks()
+    pair = _both_kinds(tasks, qname, lambda kind: FAILS[kind][0]())
+    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in FAILS}
+    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    for (name, kind), job_id in ids.items():
+        expected = FAILS[kind][1]
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "dead" and job.attempts == 1, (name, kind, job)
+        assert job.last_error == expected, (name, kind, job.last_error)
+        assert [e["error"] for e in job.errors] == ([] if kind == "none" else [expected]), (name, kind, job.errors)
+
+
+RETRIES: dict[str, tuple[Callable[[], BaseException], str, float | None]] = {
+    "error-int": (lambda: alk.Retry(delay=1, error=404), "404", 1.0),
+    "error-exception": (lambda: alk.Retry(delay=2, error=KeyError("k")), "'k'", 2.0),
+    "error-none": (lambda: alk.Retry(delay=3, error=None), "retry requested", 3.0),
+    "timedelta": (lambda: alk.Retry(delay=timedelta(seconds=4), error="later"), "later", 4.0),
+}
+
+
+def test_retry_records_the_text_of_any_error(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    """``Retry(delay, error)`` → ``retry(error, delay)``, ``error`` recorded as text whatever
+    it is (``Retry(error=404)`` was refused inside the worker and the job left to lapse)."""
+    tasks = alk.Tasks()
+    pair = _both_kinds(tasks, qname, lambda kind: RETRIES[kind][0]())
+    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in RETRIES}
+    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    now = clock()
+    for (name, kind), job_id in ids.items():
+        _, expected, delay = RETRIES[kind]
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "pending" and job.attempts == 1, (name, kind, job)
+        assert [e["error"] for e in job.errors] == [expected], (name, kind, job.errors)
+        assert job.run_at.timestamp() == now + delay, (name, kind)
+
+
+@pytest.mark.parametrize(
+    "delay",
+    [-1, 1e12, "x", True, float("nan"), float("inf"), timedelta(seconds=-1), timedelta(days=40000)],
+    ids=["negative", "over-100-years", "str", "bool", "nan", "inf", "negative-timedelta", "long-timedelta"],
+)
+def test_retry_refuses_a_bad_delay_where_it_is_raised(delay: Any) -> None:
+    """Checked as ``h.retry(delay=)`` checks it, at construction: the error points at the
+    ``raise``, not at the worker's attempt to record it."""
+    with pytest.raises(alk.InvalidOptions, match="delay"):
+        alk.Retry(delay=delay)
+
+
+@pytest.mark.parametrize("delay", [None, 0, 2.5, timedelta(minutes=1)])
+def test_retry_takes_none_a_number_or_a_timedelta(delay: Any) -> None:
+    assert alk.Retry(delay=delay).delay == delay
+
+
+def test_a_retry_with_a_bad_delay_is_retried_on_the_curve_naming_the_problem(
+    store: alk.Store, qname: str, clock: FakeClock
+) -> None:
+    """``raise alk.Retry(delay=-1)`` raises InvalidOptions in the task, retried like any
+    exception: on the backoff curve, its error saying what was wrong. It was refused inside
+    the worker, and the job stayed processing until its claim lapsed, every attempt."""
+    tasks = alk.Tasks()
+    delays: dict[str, Any] = {"negative": -1, "huge": 1e12, "str": "x"}
+    pair = _both_kinds(tasks, qname, lambda kind: alk.Retry(delay=delays[kind]))
+    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in delays}
+    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    now = clock()  # the default backoff_base (5): the curve is [3, 5] s after attempt 1
+    for (name, kind), job_id in ids.items():
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "pending" and job.attempts == 1, (name, kind, job)
+        [entry] = job.errors
+        assert "Retry delay" in entry["error"], (name, kind, entry)
+        assert 3 <= job.run_at.timestamp() - now <= 5, (name, kind)  # the curve
+
+
+class _Unchecked(alk.Retry):
+    """A Retry subclass that sets its own attributes, bypassing the constructor's checks."""
+
+    def __init__(self, delay: Any) -> None:
+        Exception.__init__(self, "unchecked")
+        self.delay = delay
+        self.error = "upstream busy"
+
+
+def test_a_refused_outcome_is_recorded_as_a_retry_on_the_curve_never_left_to_lapse(
+    store: alk.Store, qname: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defence in depth: an outcome whose arguments the handle refuses anyway (a subclass
+    that skipped the checks) is recorded as a plain retry on the backoff curve whose error
+    says what was wrong — not logged and dropped, which left the job processing until its
+    claim lapsed and then dead with no error."""
+    tasks = alk.Tasks()
+    pair = _both_kinds(tasks, qname, lambda kind: _Unchecked(-1 if kind == "negative" else "soon"))
+    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in ["negative", "str"]}
+    last = pair[0].using(max_attempts=1).enqueue(store, "negative")
+    with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
+        alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    now = clock()
+    for (name, kind), job_id in ids.items():
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "pending" and job.attempts == 1, (name, kind, job)
+        [entry] = job.errors
+        assert "upstream busy" in entry["error"] and "delay must be" in entry["error"], (name, kind, entry)
+        assert 3 <= job.run_at.timestamp() - now <= 5, (name, kind)  # the curve
+    dead = _job(store, qname, last)
+    assert dead is not None and dead.state == "dead" and dead.last_error == "max attempts exceeded", dead
+    assert "delay must be" in dead.errors[-1]["error"]
+    refused = [r for r in caplog.records if r.name == "alkstore_sa" and "refused" in r.getMessage()]
+    assert len(refused) == len(ids) + 1, [r.getMessage() for r in caplog.records]
 
 
 def test_current_job_is_each_tasks_own_in_threads_and_asyncio_tasks(store: alk.Store, qname: str) -> None:
