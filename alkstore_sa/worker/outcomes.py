@@ -3,7 +3,7 @@ through the claim.
 
 Returning → ``ack``; raising ``Fail(msg)`` → ``fail(msg)``; raising ``Retry(delay=...)`` →
 ``retry`` with that delay; raising anything else → ``retry(str(exc))`` on the backoff
-curve (a ``SystemExit`` or ``KeyboardInterrupt`` the job raises too, its type named: it
+curve (``repr(exc)`` when ``str()`` fails, see ``text_of``; a ``SystemExit`` or ``KeyboardInterrupt`` the job raises too, its type named: it
 ends neither the worker nor the thread). Sync calls run on a runner thread (``outcome_of``), ``async def`` ones are awaited
 on the worker's event loop (``aoutcome_of``); both inside ``running(job)``, so
 ``alk.current_job()`` is the job in that thread or asyncio task. A sync call whose result
@@ -134,15 +134,16 @@ def _raised(work: Work, exc: BaseException) -> Outcome:
     if isinstance(exc, Retry):
         return Outcome("retry", _message(getattr(exc, "error", None)), getattr(exc, "delay", None))
     job = work.job
+    text = text_of(exc)  # once, never raising: a broken __str__ must not lose the outcome
     log.warning(
-        "job %s of %r raised %s: %s", job.id, job.queue, type(exc).__name__, exc,
+        "job %s of %r raised %s: %s", job.id, job.queue, type(exc).__name__, text,
         extra=work.context, exc_info=exc,
     )
     if not isinstance(exc, Exception):
         # SystemExit, KeyboardInterrupt raised by the job itself (a signal stops the worker
         # on the main thread instead): retried like any error, named, as str(exc) may be "1"
-        return Outcome("retry", f"{type(exc).__name__}: {exc}".rstrip(": "))
-    return Outcome("retry", str(exc) or type(exc).__name__)
+        return Outcome("retry", f"{type(exc).__name__}: {text}".rstrip(": "))
+    return Outcome("retry", text or type(exc).__name__)
 
 
 def _discard_awaitable(what: str, result: Any) -> str:

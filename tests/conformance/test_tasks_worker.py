@@ -551,6 +551,70 @@ def test_a_refused_outcome_is_recorded_as_a_retry_on_the_curve_never_left_to_lap
     assert len(refused) == len(ids) + 1, [r.getMessage() for r in caplog.records]
 
 
+# -- exceptions whose text is hard to get ----------------------------------------------------------
+
+
+class _ApiError(Exception):
+    """``str()`` raises: the attribute it reads is None."""
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+
+    def __str__(self) -> str:
+        return f"HTTP {self.response.status}"
+
+
+class _OddError(Exception):
+    def __str__(self) -> str:
+        return 42  # type: ignore[return-value]
+
+
+class _Hopeless(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class _BrokenExit(SystemExit):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+UNPRINTABLE: dict[str, tuple[Callable[[], BaseException], str]] = {
+    "str-raises": (lambda: _ApiError(None), "_ApiError(None)"),
+    "str-not-a-str": (lambda: _OddError(), "_OddError()"),
+    "nothing-works": (lambda: _Hopeless(), "_Hopeless"),
+    "systemexit": (lambda: _BrokenExit(), "_BrokenExit: _BrokenExit()"),
+}
+
+
+def test_an_exception_whose_str_fails_is_retried_with_its_repr(
+    store: alk.Store, qname: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception whose ``str()`` raises or returns no str is retried on the curve like
+    any other, recorded as its ``repr()`` (its type name when that fails too), and logged
+    without a logging error. Before, formatting it raised inside the worker: the job stayed
+    processing with no error until its claim lapsed, and ended dead with ``errors=[]``."""
+    tasks = alk.Tasks()
+    pair = _both_kinds(tasks, qname, lambda kind: UNPRINTABLE[kind][0]())
+    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in UNPRINTABLE}
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    now = clock()
+    for (name, kind), job_id in ids.items():
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "pending" and job.attempts == 1, (name, kind, job)
+        assert [e["error"] for e in job.errors] == [UNPRINTABLE[kind][1]], (name, kind, job.errors)
+        assert 3 <= job.run_at.timestamp() - now <= 5, (name, kind)  # the curve (backoff_base 5)
+    raised = [r for r in caplog.records if r.name == "alkstore_sa" and r.exc_info is not None]
+    assert len(raised) == len(ids), [r.getMessage() for r in caplog.records]
+    for record in raised:
+        logging.Formatter().format(record)  # the message and the traceback both format
+    assert {r.getMessage().rsplit(": ", 1)[-1] for r in raised} >= {"_ApiError(None)", "_OddError()", "_Hopeless"}
+
+
 def test_current_job_is_each_tasks_own_in_threads_and_asyncio_tasks(store: alk.Store, qname: str) -> None:
     tasks = alk.Tasks()
     seen: dict[str, list[tuple[int, int | None]]] = {"sync": [], "async": [], "child": []}
