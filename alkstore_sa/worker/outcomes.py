@@ -33,17 +33,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("alkstore_sa")
 
 
+# the most of an object's text the worker records or logs: an exception may carry a whole
+# response body, which would otherwise be stored in job.errors on every attempt
+MAX_ERROR_TEXT = 10_000
+
+
 def text_of(value: object) -> str:
     """``value``'s text for an error or a log line, never raising: ``str(value)``, else
-    ``repr(value)`` (when ``str()`` raises or returns no str), else its type's name."""
+    ``repr(value)`` (when ``str()`` raises or returns no str), else its type's name; cut
+    at MAX_ERROR_TEXT characters, saying how many more there were."""
+    text = type(value).__name__
     for render in (str, repr):
         try:
-            text = render(value)
+            rendered = render(value)
         except Exception:  # noqa: BLE001 - a broken __str__/__repr__ must not lose the outcome
             continue
-        if isinstance(text, str):
-            return text
-    return type(value).__name__
+        if isinstance(rendered, str):
+            text = rendered
+            break
+    if len(text) > MAX_ERROR_TEXT:
+        return f"{text[:MAX_ERROR_TEXT]}… [{len(text) - MAX_ERROR_TEXT} more characters]"
+    return text
 
 
 def _message(value: object) -> str | None:

@@ -615,6 +615,39 @@ def test_an_exception_whose_str_fails_is_retried_with_its_repr(
     assert {r.getMessage().rsplit(": ", 1)[-1] for r in raised} >= {"_ApiError(None)", "_OddError()", "_Hopeless"}
 
 
+HUGE = "x" * 1_000_000
+CAPPED = "x" * 10_000 + "… [990000 more characters]"
+LONG_STR = "y" * 20_000
+
+BIG: dict[str, tuple[Callable[[], BaseException], str, str]] = {
+    "raised": (lambda: RuntimeError(HUGE), "pending", CAPPED),
+    "fail-exception": (lambda: alk.Fail(RuntimeError(HUGE)), "dead", CAPPED),
+    "retry-error-object": (lambda: alk.Retry(delay=1, error=RuntimeError(HUGE)), "pending", CAPPED),
+    "fail-str": (lambda: alk.Fail(LONG_STR), "dead", LONG_STR),
+    "retry-str": (lambda: alk.Retry(delay=1, error=LONG_STR), "pending", LONG_STR),
+}
+
+
+def test_the_text_of_a_huge_exception_is_capped(store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The text the worker takes from an object (a raised exception, a non-str ``Fail`` or
+    ``Retry`` error) is cut at 10,000 characters, saying how many more there were — in
+    ``job.errors`` (on every attempt) and in the WARNING's message. A str given to ``Fail``
+    or ``Retry`` is recorded as given, as ``fail(msg)`` records it."""
+    tasks = alk.Tasks()
+    pair = _both_kinds(tasks, qname, lambda kind: BIG[kind][0]())
+    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in BIG}
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    for (name, kind), job_id in ids.items():
+        _, state, expected = BIG[kind]
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == state and job.attempts == 1, (name, kind, job)
+        [entry] = job.errors
+        assert entry["error"] == expected, (name, kind, len(entry["error"]))
+    messages = [r.getMessage() for r in caplog.records if r.name == "alkstore_sa"]
+    assert messages and max(len(m) for m in messages) < 2 * len(LONG_STR), [len(m) for m in messages]
+
+
 def test_current_job_is_each_tasks_own_in_threads_and_asyncio_tasks(store: alk.Store, qname: str) -> None:
     tasks = alk.Tasks()
     seen: dict[str, list[tuple[int, int | None]]] = {"sync": [], "async": [], "child": []}
