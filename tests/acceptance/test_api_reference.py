@@ -79,3 +79,19 @@ def test_the_reference_says_a_lock_owner_is_no_name() -> None:
     lock = _section("Lock")
     assert "`owner` a name" not in lock
     assert "`owner` is a label, not a name" in lock and "`InvalidOptions`" in lock
+
+
+def test_the_reference_says_what_a_failed_transactional_call_leaves() -> None:
+    """A caller's-transaction call whose statement fails (NotInstalled, DatabaseError)
+    invalidates the caller's transaction on PostgreSQL on purpose — its commit raises
+    PendingRollbackError rather than silently rolling back (tests/conformance/test_drivers.py,
+    docs/transactional-enqueue.md) — while SQLite's stays usable. The reference said these
+    errors were "checked without poisoning your transaction", and named SchemaOutdated,
+    which these calls never raise (they do not read the recorded schema version)."""
+    section = _section("Caller's-transaction functions")
+    assert "without poisoning" not in section
+    errors = " ".join(section.split("Errors:", 1)[1].split("`current_job()", 1)[0].split())
+    for said in ["**PostgreSQL**", "PendingRollbackError", "rollback()", "begin_nested()", "**SQLite**",
+                 "transactional-enqueue.md#when-a-call-fails", "never raise `SchemaOutdated`",
+                 "store.check_schema()"]:
+        assert said in errors, said
