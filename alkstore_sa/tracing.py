@@ -32,7 +32,7 @@ from .errors import MissingExtra
 from .model import Job
 from .queue import JobHandle
 from .worker.observe import LOST
-from .worker.outcomes import Outcome
+from .worker.outcomes import Outcome, text_of
 
 try:
     from opentelemetry import context as otel_context
@@ -211,17 +211,29 @@ class _Execution:
 
     def wrap(self, call: Callable[[], Any], is_async: bool) -> Callable[[], Any]:
         span = self.span
+        # The exception a handler raises is recorded here, not by use_span: OpenTelemetry's
+        # own recording calls str(exc), and an exception whose str() fails would be replaced
+        # by that failure, so the job's error would name the wrong exception. The span's
+        # status is set by end(), from the outcome.
         if is_async:
 
             async def in_span(coro: Any) -> Any:
-                with trace.use_span(span):  # in the job's own asyncio task
-                    return await coro
+                with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                    try:  # in the job's own asyncio task
+                        return await coro
+                    except BaseException as exc:
+                        _record_exception(span, exc)
+                        raise
 
             return lambda: in_span(call())
 
         def run() -> Any:
-            with trace.use_span(span):  # records an exception the handler raises
-                return call()
+            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                try:
+                    return call()
+                except BaseException as exc:
+                    _record_exception(span, exc)
+                    raise
 
         return run
 
@@ -238,6 +250,15 @@ class _Execution:
             if outcome.kind != "ack" or landing == LOST:
                 span.set_status(Status(StatusCode.ERROR, outcome.error or f"{outcome.kind}: {landing}"))
         span.end()
+
+
+def _record_exception(span: Span, exc: BaseException) -> None:
+    """The span's ``exception`` event for what the handler raised: OpenTelemetry's own
+    recording, else (its str() failed) the type and the worker's text of it."""
+    try:
+        span.record_exception(exc)
+    except Exception:  # noqa: BLE001 - str(exc) raised inside: record what can be read
+        span.add_event("exception", {"exception.type": type(exc).__qualname__, "exception.message": text_of(exc)})
 
 
 __all__ = ["instrument", "is_instrumented", "link_of", "process_span", "uninstrument"]

@@ -265,6 +265,38 @@ def test_instrument_is_idempotent(spans: InMemorySpanExporter, store: alk.Store,
 # -- consumer side -------------------------------------------------------------------------
 
 
+class _Unprintable(Exception):
+    """An exception whose str() itself fails (an API error formatting a missing response)."""
+
+    def __str__(self) -> str:
+        raise AttributeError("'NoneType' object has no attribute 'status'")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_traced_job_raising_an_exception_whose_str_fails_records_that_exception(
+    spans: InMemorySpanExporter, store: alk.Store, qname: str, kind: str
+) -> None:
+    """OpenTelemetry's own recording of a raised exception calls str() on it: that failure
+    must not replace the job's exception (its error would name the AttributeError)."""
+    q = store.queue(qname, backoff_base=0, max_attempts=1)
+    job_id = q.enqueue("x")
+
+    def sync_handler(job: alk.Job) -> None:
+        raise _Unprintable()
+
+    async def async_handler(job: alk.Job) -> None:
+        raise _Unprintable()
+
+    run_burst(store, qname, sync_handler if kind == "sync" else async_handler)
+    dead = store.get_job(job_id)
+    assert dead is not None and dead.state == "dead"
+    assert "_Unprintable" in (dead.errors[-1]["error"] if dead.errors else "")
+    assert "NoneType" not in repr(dead.errors)
+    (span,) = named(spans, f"process {qname}")
+    (event,) = [e for e in span.events if e.name == "exception"]
+    assert (event.attributes or {})["exception.type"].endswith("_Unprintable")
+
+
 def test_worker_span_links_to_the_producer_and_retries_link_again(
     spans: InMemorySpanExporter, store: alk.Store, qname: str
 ) -> None:
