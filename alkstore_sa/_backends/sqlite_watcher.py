@@ -39,6 +39,7 @@ from sqlalchemy.engine import Engine
 
 from .._conn import RawExecutor
 from .._fanout import Deliver, FanOut, new_selector
+from .._sqlite import _main_file
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
 from .sqlite import QUEUE_WAKE_CHANNEL
@@ -72,8 +73,10 @@ class SqliteHub:
         conn: Any = self._proxied.dbapi_connection
         conn.isolation_level = None  # autocommit reads: each sees the latest commit
         self._conn = conn
-        path = engine.url.database or ""
-        self._watch = directory_watch(os.path.abspath(path)) if path and path != ":memory:" else None
+        # The file as SQLite opened it, not the URL's text: a symlink resolved (the -wal sits
+        # beside the target), a ``file:`` URI decoded, always absolute; '' when in memory.
+        path = _main_file(conn)
+        self._watch = directory_watch(path) if path else None
         self._version = -1
         self._last_note = self._scalar(self._max_note_sql()) or 0
         self._last_job = self._scalar(self._job_seq_sql()) or 0

@@ -59,10 +59,16 @@ def _stop_when(stop: alk.StopToken, done: Any, max_seconds: float, every: float 
 
 
 def idle_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run a worker (``spec['poll_interval']``, wake broken when ``spec['break_wake']``) until
+    """Run a worker (``spec['poll_interval']``, wake broken when ``spec['break_wake']``, the
+    SQLite watcher's safety check every ``spec['safety_poll']`` seconds if given) until
     the parent creates ``marks/STOP``. Each handled job leaves ``marks/<id>.json`` with the
     epoch time its handler started, its payload and its attempt."""
     marks = Path(spec["marks"])
+    if spec.get("safety_poll") is not None:
+        # a long safety check leaves the SQLite watcher's file events as the only fast wake
+        from alkstore_sa._backends import sqlite_watcher
+
+        sqlite_watcher.SAFETY_POLL = spec["safety_poll"]
     cls = NoWakeStore if spec.get("break_wake") else alk.Store
     store = cls(spec["url"], schema=spec["schema"])
     try:
