@@ -31,6 +31,7 @@ import logging
 import os
 import selectors
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -186,6 +187,7 @@ class SqliteHub:
     def _watch_loop(self, sel: selectors.BaseSelector) -> None:
         retries: list[float] = []
         watching = False  # the file's events are registered with the selector
+        last_look = time.monotonic()  # the safety check is due SAFETY_POLL after the last look
         while not self._closed.is_set():
             try:
                 needed = self._needed()
@@ -201,8 +203,11 @@ class SqliteHub:
                     timeout = retries.pop(0)
                 elif needed and self._watch is None:
                     timeout = POLL_FALLBACK  # no file events here: poll while someone waits
+                elif needed:
+                    # events coalesce or go missing now and then: look by the clock as well
+                    timeout = max(0.0, last_look + SAFETY_POLL - time.monotonic())
                 else:
-                    timeout = SAFETY_POLL  # events coalesce or go missing now and then
+                    timeout = SAFETY_POLL  # nobody waits: only a poke matters (or close)
                 readable = {key.fd for key, _ in sel.select(timeout)}
                 if self._closed.is_set():
                     return
@@ -216,10 +221,15 @@ class SqliteHub:
                 if not self._needed():
                     continue  # nobody waits: nothing to look for (the next turn stops watching)
                 event = watching and self._watch.fd in readable  # type: ignore[union-attr]
-                if event and not self._watch.relevant() and not poked:  # type: ignore[union-attr]
+                # An event of another file in the directory (a log written every 0.2 s) is no
+                # reason to look, but must not postpone the safety check either: it is due by
+                # the time since the last look, not by a select that timed out.
+                due = time.monotonic() - last_look >= SAFETY_POLL
+                if event and not self._watch.relevant() and not poked and not due:  # type: ignore[union-attr]
                     continue
                 with self._lock:
                     changed = self._check()
+                last_look = time.monotonic()
                 if event and not changed:
                     # The -wal write that woke us precedes the commit's publication (the
                     # wal-index update, in shared memory, raises no file event): look again

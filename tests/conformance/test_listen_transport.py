@@ -3,12 +3,14 @@ subscriber of a channel, not only the one whose LISTEN was sent (issue 9 item 9)
 PostgreSQL a listener that cannot reach the database makes listen() fail with a
 DatabaseError after a bounded wait, while internal wake watches register and return. The
 SQLite watcher looks at commits only while someone waits for them, and then at most once
-per gap during a stream of commits."""
+per gap during a stream of commits; its safety check runs however often unrelated files in
+the directory change."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import sqlalchemy as sa
 
 import alkstore_sa as alk
 from alkstore_sa._backends import pg_listener
+from alkstore_sa._backends.sqlite_watcher import SAFETY_POLL
 from tests.support import WAIT, Target
 
 DELIVERY = 10.0
@@ -178,5 +181,49 @@ def test_sqlite_watcher_sleeps_while_nobody_waits_and_catches_up_on_presence(sql
         assert not woken.is_set()  # no presence, no wake (the consumer claims anyway)
         hub.advertise(key)
         assert woken.wait(WAIT)
+    finally:
+        store.close()
+
+
+def test_safety_check_runs_in_a_busy_directory(sqlite_db: Target) -> None:
+    """The safety check covers file events the watch does not see (coalesced or missed):
+    here the watch is made blind to the database's own files, and another file in the
+    directory is written five times a second. The notification must still arrive by the
+    safety check, within about its interval — unrelated events must not keep postponing it."""
+    store = sqlite_db.store()
+    try:
+        sub = store.listen("ch")
+        hub = store.hub()
+        assert hub._watch is not None, "inotify is needed for this test"
+        hub._watch._names = set()  # every event of the database's files goes unseen
+        noisy = Path(sqlite_db.engine.url.database or "").parent / "app.log"
+        stop = threading.Event()
+
+        def noise() -> None:
+            with noisy.open("a") as f:
+                while not stop.is_set():
+                    f.write("x\n")
+                    f.flush()
+                    time.sleep(0.2)
+
+        writer = threading.Thread(target=noise, daemon=True)
+        writer.start()
+        try:
+            time.sleep(0.5)
+            other = sqlite_db.store()
+            try:
+                other.notify("ch", "hi")
+            finally:
+                other.close()
+            sent = time.monotonic()
+            note = sub.get(timeout=SAFETY_POLL * 5)
+            took = time.monotonic() - sent
+        finally:
+            stop.set()
+            writer.join(5)
+        assert note is not None and note.payload == "hi", (
+            "the safety check never ran while an unrelated file in the directory kept changing"
+        )
+        assert took < SAFETY_POLL * 3
     finally:
         store.close()
