@@ -1,6 +1,7 @@
 """SQLite connection settings the store relies on: a long busy timeout so concurrent
-writers wait instead of failing with 'database is locked', and ``synchronous=NORMAL``
-where — and only where — the database is in WAL mode. (WAL is switched on once, at install
+writers wait instead of failing with 'database is locked', a bound on the WAL file left
+behind after a checkpoint (``journal_size_limit``), and ``synchronous=NORMAL`` where — and
+only where — the database is in WAL mode. (WAL is switched on once, at install
 time: it is persistent in the file and cannot be switched inside a transaction.)"""
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 BUSY_TIMEOUT_MS = 60_000
+# The size, in bytes, a WAL file is truncated back to when a checkpoint lets it restart.
+# SQLite's default (-1) never truncates: one long read transaction of the application stops
+# checkpoints from passing it, the WAL grows for as long as it lasts (hundreds of MB under
+# a busy worker), and the file then stays that size until every connection has closed it.
+# 64 MiB is 16 times the WAL's usual peak (the auto-checkpoint runs at 1000 pages, ~4 MiB),
+# so a busy store never pays for truncating and re-growing the file in normal operation,
+# while the disk a long reader used is given back down to a modest, fixed bound.
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 log = logging.getLogger("alkstore_sa")
 _warned: set[str] = set()  # database files already warned about (once per file and process)
@@ -32,6 +41,9 @@ def _rows(dbapi_conn: Any, sql: str) -> list[Any]:
 
 def _on_connect(dbapi_conn: Any, _record: Any) -> None:
     _rows(dbapi_conn, f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    ((limit,),) = _rows(dbapi_conn, "PRAGMA journal_size_limit")
+    if limit == -1:  # SQLite's "no limit": any other value is the application's own choice, kept
+        _rows(dbapi_conn, f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
     ((mode,),) = _rows(dbapi_conn, "PRAGMA journal_mode")
     if str(mode).lower() == "wal":
         # With WAL, NORMAL keeps the database consistent across crashes and skips an fsync

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import alkstore_sa as alk
+from alkstore_sa import _sqlite
 from alkstore_sa._registry import store_for
 from tests.support import PG_URL, WAIT, FakeClock, Target, sqlite_target
 
@@ -322,16 +323,18 @@ def test_register_takes_async_engines_of_every_supported_driver(_pg_module_targe
 def test_an_aiosqlite_engine_gets_the_stores_sqlite_settings(tmp_path, how: str) -> None:
     """The application's aiosqlite connections wait for the write lock as long as the
     store's own (a 60 s busy timeout, not sqlite3's 5 s, so ``aenqueue`` never fails with
-    "database is locked" while a worker writes), and run ``synchronous=NORMAL`` in WAL."""
+    "database is locked" while a worker writes), run ``synchronous=NORMAL`` in WAL and bound
+    the WAL file left after a checkpoint (``journal_size_limit``)."""
     target = sqlite_target(str(tmp_path))
 
-    async def settings(engine: AsyncEngine) -> tuple[int, int]:
+    async def settings(engine: AsyncEngine) -> tuple[int, int, int]:
         async with engine.connect() as conn:
             busy = (await conn.execute(sa.text("PRAGMA busy_timeout"))).scalar_one()
             sync = (await conn.execute(sa.text("PRAGMA synchronous"))).scalar_one()
-        return busy, sync
+            limit = (await conn.execute(sa.text("PRAGMA journal_size_limit"))).scalar_one()
+        return busy, sync, limit
 
-    async def scenario() -> tuple[int, int]:
+    async def scenario() -> tuple[int, int, int]:
         engine = create_async_engine(async_url("aiosqlite", target))
         await settings(engine)  # a connection opened (and pooled) before the store is made
         store = alk.Store(engine) if how == "Store(async_engine)" else target.store()
@@ -343,10 +346,11 @@ def test_an_aiosqlite_engine_gets_the_stores_sqlite_settings(tmp_path, how: str)
             store.close()
             await engine.dispose()
 
-    busy, sync = asyncio.run(scenario())
+    busy, sync, limit = asyncio.run(scenario())
     target.engine.dispose()
     assert busy == 60_000
     assert sync == 1  # NORMAL: the file is in WAL mode (installed by the store)
+    assert limit == _sqlite.JOURNAL_SIZE_LIMIT
 
 
 @pytest.mark.parametrize("driver", ASYNC_DRIVERS)

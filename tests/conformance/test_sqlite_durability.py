@@ -10,13 +10,14 @@ to WAL. In WAL mode every connection of the engine gets NORMAL.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
-from alkstore_sa import migrations
+from alkstore_sa import _sqlite, migrations
 
 NORMAL, EXTRA = 1, 3
 
@@ -111,3 +112,57 @@ def test_connections_opened_before_install_do_not_keep_the_strict_setting(tmp_pa
         with store.executor() as ex:
             assert ex.rows("PRAGMA synchronous", {}) == [(NORMAL,)]
         assert settings(engine) == [("wal", NORMAL)] * 2
+
+
+def test_store_connections_bound_the_wal_unless_the_app_chose_a_limit(tmp_path: Path) -> None:
+    """Every connection of the store and of the app's engine truncates the WAL back to
+    ``JOURNAL_SIZE_LIMIT`` when it is reset (SQLite's default, -1, never does); an app that
+    set its own limit on its connections keeps it."""
+    url = installed_file(tmp_path, wal=True)
+    with alk.Store(url) as store, store.executor() as ex:
+        assert ex.rows("PRAGMA journal_size_limit", {}) == [(_sqlite.JOURNAL_SIZE_LIMIT,)]
+    engine = sa.create_engine(url)
+    with alk.Store(engine), engine.connect() as c:
+        assert c.exec_driver_sql("PRAGMA journal_size_limit").scalar() == _sqlite.JOURNAL_SIZE_LIMIT
+    engine.dispose()
+    own = sa.create_engine(url)
+    sa.event.listen(own, "connect", lambda dbapi, _rec: dbapi.execute("PRAGMA journal_size_limit = 1000000"))
+    with alk.Store(own), own.connect() as c:
+        assert c.exec_driver_sql("PRAGMA journal_size_limit").scalar() == 1_000_000
+    own.dispose()
+
+
+def test_wal_shrinks_back_after_a_long_read_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open read transaction stops checkpoints from passing it, so the WAL grows while
+    the store writes (SQLite's design). Once it ends, the next checkpoint resets the WAL and
+    the file is truncated back to the limit (here a small one) instead of staying huge."""
+    limit = 256 * 1024
+    monkeypatch.setattr(_sqlite, "JOURNAL_SIZE_LIMIT", limit, raising=False)
+    url = installed_file(tmp_path, wal=True)
+    wal = tmp_path / "app.db-wal"
+    with alk.Store(url) as store:
+        q = store.queue("work")
+
+        def churn(batches: int) -> None:
+            for _ in range(batches):
+                q.enqueue_many([{"pad": "x" * 4000}] * 50)
+                while handles := q.claim_batch(worker_id="w", n=50):
+                    q.ack_batch([h.id for h in handles])
+
+        reader = sqlite3.connect(tmp_path / "app.db", isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM alkstore_jobs").fetchall()
+            churn(15)  # about 10 MB of pages, past the auto-checkpoint's 1000 pages
+            grown = wal.stat().st_size
+            assert grown > 4 * limit, f"the WAL did not grow behind the reader ({grown} bytes)"
+        finally:
+            reader.execute("COMMIT")
+            reader.close()
+        sizes = []
+        for _ in range(20):  # a checkpoint runs at the next commits, then a write resets the WAL
+            churn(1)
+            sizes.append(wal.stat().st_size)
+            if sizes[-1] <= limit:
+                break
+        assert sizes[-1] <= limit, f"the WAL stayed at {sizes} bytes after the reader ended (limit {limit})"
