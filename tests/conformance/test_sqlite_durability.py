@@ -4,13 +4,20 @@
 mode it risks a corrupt file on power loss. A database installed through the app's own
 Alembic chain without ``enable_wal`` stays in ``journal_mode=delete``: there the store must
 leave the app's own ``synchronous`` setting alone and say once, in the log, how to switch
-to WAL. In WAL mode every connection of the engine gets NORMAL.
+to WAL. In WAL mode every connection of the engine gets NORMAL. Every connection also
+bounds the WAL file a checkpoint leaves behind (``journal_size_limit``).
+
+The SQLite operations the docs recommend are pinned here too: a ``VACUUM INTO`` backup and
+its switch back to WAL by ``alkstore migrate``, and which of the application's own
+transaction styles survive another connection's commit between a read and a write.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +173,75 @@ def test_wal_shrinks_back_after_a_long_read_transaction(tmp_path: Path, monkeypa
             if sizes[-1] <= limit:
                 break
         assert sizes[-1] <= limit, f"the WAL stayed at {sizes} bytes after the reader ended (limit {limit})"
+
+
+def test_a_vacuum_into_backup_is_consistent_and_migrate_puts_it_back_in_wal(tmp_path: Path) -> None:
+    """What operations.md says about backups: ``VACUUM INTO`` copies the database while the
+    store writes; the copy is in rollback-journal mode, a Store alone leaves it so, and the
+    migration ``alkstore migrate`` runs switches it back to WAL."""
+    url = installed_file(tmp_path, wal=True)
+    backup = tmp_path / "backup.db"
+    with alk.Store(url) as store:
+        q = store.queue("q")
+        q.enqueue_many([{"n": i} for i in range(100)])
+        with store.engine.connect() as c:
+            c.exec_driver_sql(f"VACUUM INTO '{backup}'")
+        q.enqueue_many([{"n": i} for i in range(100, 150)])
+    copy = sa.create_engine(f"sqlite:///{backup}")
+    with alk.Store(copy) as restored:
+        assert restored.queue("q").stats().pending == 100
+        assert settings(copy, 1) == [("delete", 2)]  # FULL, sqlite3's default: not WAL yet
+    migrations.upgrade(copy)
+    copy.dispose()
+    with alk.Store(f"sqlite:///{backup}") as restored:
+        assert restored.queue("q").stats().pending == 100
+    assert settings(copy, 1) == [("wal", NORMAL)]
+    copy.dispose()
+
+
+def test_own_writes_after_a_read_need_the_write_lock_first(tmp_path: Path) -> None:
+    """What install.md says about the application's own writes: with the store's busy
+    timeout, SQLAlchemy's default pysqlite handling (the transaction starts at the first
+    write) survives another process's commit between a read and a write; a deferred
+    ``BEGIN`` (SQLAlchemy's SAVEPOINT recipe) fails at once, and ``BEGIN IMMEDIATE`` does not."""
+    url = installed_file(tmp_path, wal=True)
+    other = sa.create_engine(url)
+    with other.begin() as c:
+        c.exec_driver_sql("CREATE TABLE own (x INTEGER)")
+
+    def insert_other(x: int) -> None:
+        with other.begin() as o:
+            o.exec_driver_sql("INSERT INTO own VALUES (:x)", {"x": x})
+
+    def read_commit_write(engine: sa.Engine) -> None:
+        with engine.begin() as c:
+            c.exec_driver_sql("SELECT count(*) FROM own").scalar()
+            insert_other(0)  # another connection commits meanwhile
+            c.exec_driver_sql("INSERT INTO own VALUES (1)")
+
+    def recipe(begin: str) -> sa.Engine:
+        engine = sa.create_engine(url)
+        sa.event.listen(engine, "connect", lambda dbapi, _rec: setattr(dbapi, "isolation_level", None))
+        sa.event.listen(engine, "begin", lambda conn: conn.exec_driver_sql(begin))
+        return engine
+
+    default, deferred, immediate = sa.create_engine(url), recipe("BEGIN"), recipe("BEGIN IMMEDIATE")
+    stores = [alk.Store(e) for e in (default, deferred, immediate)]  # the busy timeout on each
+    try:
+        read_commit_write(default)
+        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+            read_commit_write(deferred)
+        with immediate.begin() as c:  # holds the write lock: the other commit waits for it
+            c.exec_driver_sql("SELECT count(*) FROM own").scalar()
+            waiter = threading.Thread(target=insert_other, args=(3,))
+            waiter.start()
+            time.sleep(0.1)
+            c.exec_driver_sql("INSERT INTO own VALUES (2)")
+        waiter.join(10)
+        with other.connect() as c:  # 0, 1 (default); 0 (deferred: its own write failed); 3, 2
+            assert sorted(x for (x,) in c.exec_driver_sql("SELECT x FROM own")) == [0, 0, 1, 2, 3]
+    finally:
+        for s in stores:
+            s.close()
+        for e in (default, deferred, immediate, other):
+            e.dispose()
