@@ -8,12 +8,17 @@ connections speak psycopg 3's API whatever driver the application uses for its o
 database, libpq options — means the same to psycopg 3. Driver options in the URL's query
 arrive as strings; the ones psycopg takes as Python values are converted here, and anything
 psycopg would reject is refused up front as ``InvalidOptions``, before any connection.
+
+A SQLite URL's query may hold only what SQLAlchemy's pysqlite dialect reads (and aiosqlite,
+its subclass): anything else it drops without a word. A ``?`` in a file's path starts that
+query, so ``sqlite:///what?dir/app.db`` silently meant the file ``what``: refused too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine, make_url
@@ -34,6 +39,12 @@ INT_OPTIONS = frozenset({
 })
 # SQLAlchemy itself splits these (multi-host URLs), so they are not checked against libpq.
 SQLALCHEMY_HANDLED = frozenset({"host", "port"})
+# The sqlite3.connect() keywords SQLAlchemy's pysqlite dialect reads from the query
+# (SQLiteDialect_pysqlite.create_connect_args); it ignores every other name, except that
+# with uri=true it appends them to the file: URI for SQLite itself.
+SQLITE_DRIVER_OPTIONS = ("uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements")
+# The query parameters SQLite defines for a file: URI (sqlite.org/uri.html; modeof: the unix VFS).
+SQLITE_URI_OPTIONS = ("mode", "cache", "vfs", "psow", "nolock", "immutable", "modeof")
 
 
 def engine_from_url(url: str | URL, **kw: Any) -> Engine:
@@ -78,6 +89,7 @@ def parse_url(url: str | URL) -> URL:
     if backend in ("postgresql", "postgres"):
         return parsed.set(drivername=PSYCOPG)
     if backend == "sqlite":
+        _check_sqlite_options(parsed, url)
         return parsed.set(drivername="sqlite") if parsed.get_driver_name() == "aiosqlite" else parsed
     raise InvalidOptions(f"alkstore_sa supports PostgreSQL (psycopg 3) and SQLite, not {backend!r} ({_shown(parsed)})")
 
@@ -88,10 +100,13 @@ def sqlite_path(url: URL) -> Path | None:
     if url.get_backend_name() != "sqlite":
         return None
     database = url.database or ""
-    if url.query.get("uri") in ("true", "1"):
+    if _uri_mode(url) and database.startswith("file:"):
         database, _, options = database.removeprefix("file:").partition("?")
         if "mode=memory" in options or url.query.get("mode") == "memory":
             return None
+        if database.startswith("//"):  # file://localhost/abs or file:///abs (an empty authority)
+            database = "/" + database[2:].partition("/")[2]
+        database = unquote(database)  # SQLite decodes %HH in a URI's path (%3F: a '?')
     if database in ("", ":memory:"):
         return None
     return Path(database)
@@ -102,6 +117,55 @@ def in_memory_sqlite(url: URL) -> bool:
     ``file:`` URI with ``mode=memory``): private to the connection that opens it, so no other
     engine, connection or process can reach it."""
     return url.get_backend_name() == "sqlite" and sqlite_path(url) is None
+
+
+def _uri_mode(url: URL) -> bool:
+    """Whether pysqlite opens the database as a URI (``uri=true``, as SQLAlchemy reads it)."""
+    value = url.query.get("uri")
+    try:
+        return isinstance(value, str) and bool(sa.util.asbool(value))
+    except ValueError:
+        return False
+
+
+def _check_sqlite_options(url: URL, given: str | URL) -> None:
+    """InvalidOptions for a query name SQLite and pysqlite do not read (what SQLAlchemy
+    would drop), a URI parameter where no URI is opened, or a repeated option."""
+    if isinstance(given, str):
+        # SQLAlchemy's own parse drops a query item without '=' (``what?dir/app.db``)
+        names = [key for key, _ in parse_qsl(given.strip().partition("?")[2], keep_blank_values=True)]
+    else:
+        names = list(url.query)
+    uri = _uri_mode(url)
+    # as given: a SQLite URL holds no password, and the rendered one lacks a '='-less item
+    shown = given.strip() if isinstance(given, str) and url.password is None else _shown(url)
+    for name in names:
+        if name in SQLITE_DRIVER_OPTIONS:
+            continue
+        if name in SQLITE_URI_OPTIONS:
+            if not uri:
+                raise InvalidOptions(
+                    f"the URL option {name!r} is a SQLite URI parameter: it applies only to a file: "
+                    f"URI with uri=true, e.g. sqlite:///file:app.db?{name}=...&uri=true, and is "
+                    f"ignored here ({shown})"
+                )
+            if not (url.database or "").startswith("file:"):
+                raise InvalidOptions(
+                    f"the URL option {name!r} needs the database written as a file: URI "
+                    f"(sqlite:///file:app.db?{name}=...&uri=true): with a plain path it would "
+                    f"become part of the file's name ({shown})"
+                )
+            continue
+        raise InvalidOptions(
+            f"the URL option {name!r} is not a SQLite option (the URL may hold "
+            f"{', '.join(SQLITE_DRIVER_OPTIONS)}; with uri=true also {', '.join(SQLITE_URI_OPTIONS)}). "
+            f"A '?' in the file's path starts the URL's options: write the path as a file: URI "
+            f"with the '?' percent-encoded as %3F, e.g. sqlite:///file:what%3Fdir/app.db?uri=true "
+            f"({shown})"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InvalidOptions(f"the URL option {repeated[0]!r} is given more than once ({shown})")
 
 
 def _psycopg_options(url: URL) -> tuple[URL, dict[str, Any]]:

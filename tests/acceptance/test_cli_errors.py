@@ -519,6 +519,27 @@ def test_missing_sqlite_file_is_refused_not_created(tmp_path: Path, argv: list[s
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["migrate", "status"])
+def test_a_question_mark_in_a_sqlite_path_is_refused_not_cut(tmp_path: Path, command: str) -> None:
+    """``sqlite:///what?dir/app.db``: the '?' starts the URL's options, so the path would be
+    'what' (migrate created and installed that file)."""
+    (tmp_path / "what?dir").mkdir()
+    line = one_line_failure(alkstore(command, "--url", "sqlite:///what?dir/app.db", cwd=tmp_path), 2)
+    assert "'dir/app.db'" in line and "%3F" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["what?dir"]
+    assert list((tmp_path / "what?dir").iterdir()) == []
+
+
+def test_a_question_mark_in_a_sqlite_path_works_in_a_file_uri(tmp_path: Path) -> None:
+    (tmp_path / "what?dir").mkdir()
+    url = "sqlite:///file:what%3Fdir/app.db?mode=rwc&uri=true"
+    res = alkstore("migrate", "--url", url, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "what?dir" / "app.db").exists()
+    res = alkstore("status", "--url", url, cwd=tmp_path)
+    assert res.returncode == 0 and "(no jobs)" in res.stdout, res.stderr
+
+
 def test_migrate_creates_a_missing_sqlite_file(tmp_path: Path) -> None:
     res = alkstore("migrate", "--url", "sqlite:///new.db", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -152,6 +152,65 @@ def test_sqlite_urls_are_left_alone(tmp_path: Path, engines: list[sa.Engine]) ->
             assert conn.exec_driver_sql("SELECT 1").scalar() == 1
 
 
+# SQLAlchemy's pysqlite dialect reads six sqlite3 options from the query and, only with
+# uri=true, passes the rest on to a file: URI; any other name it drops without a word. A '?'
+# in a path starts the query, so the path is cut there and another file is used.
+SQLITE_REFUSED = [
+    ("what?dir/app.db", "'dir/app.db'"),  # the query "dir/app.db" (no '='): the file 'what'
+    ("app.db?journal_mode=wal", "'journal_mode'"),
+    ("app.db?mode=ro", "uri=true"),  # a URI parameter, ignored without uri=true
+    ("app.db?uri=true&mode=rwc", "file:"),  # appended to a plain name: the file 'app.db?mode=rwc'
+    ("file:app.db?uri=true&mode=rwc&nosuch=1", "'nosuch'"),
+    ("app.db?timeout=1&timeout=2", "more than once"),
+]
+
+
+@pytest.mark.parametrize(("tail", "says"), SQLITE_REFUSED, ids=[t for t, _ in SQLITE_REFUSED])
+def test_sqlite_url_options_sqlite_does_not_know_are_refused_and_create_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail: str, says: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    absolute = f"file:{tmp_path}/{tail[5:]}" if tail.startswith("file:") else f"{tmp_path}/{tail}"
+    for url in (f"sqlite:///{tail}", f"sqlite:///{absolute}", f"sqlite+aiosqlite:///{tail}"):
+        for make in (engine_from_url, alk.Store):
+            with pytest.raises(alk.InvalidOptions) as info:
+                make(url)
+            message = str(info.value)
+            assert says in message and "\n" not in message, message
+        if "'" in says:  # an unknown name: the message says how to write a '?' in a path
+            assert "%3F" in message and "uri=true" in message, message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_question_mark_in_a_path_works_percent_encoded_in_a_file_uri(tmp_path: Path) -> None:
+    (tmp_path / "what?dir").mkdir()
+    url = f"sqlite:///file:{tmp_path}/what%3Fdir/app.db?mode=rwc&uri=true"
+    with alk.Store(url) as store:
+        store.install()
+        store.queue("q").enqueue({"n": 1})
+    assert (tmp_path / "what?dir" / "app.db").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["what?dir"]
+
+
+def test_sqlite_options_sqlite_knows_still_work(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    for url in (
+        f"sqlite:///file:{path}?mode=rwc&uri=true",
+        f"sqlite:///file:{path}?uri=true&cache=private&timeout=5",
+        f"sqlite:///{path}?timeout=7",
+        f"sqlite:///{path}?timeout=7&check_same_thread=false&cached_statements=50&detect_types=0",
+        f"sqlite+aiosqlite:///{path}?timeout=7",
+    ):
+        with alk.Store(url) as store:
+            store.install()
+            store.queue("q").enqueue({"url": url})
+    with alk.Store(f"sqlite:///{path}") as store:
+        assert store.queue("q").stats().pending == 5
+    engine = engine_from_url(f"sqlite:///{path}?timeout=7")
+    assert engine.dialect.create_connect_args(engine.url)[1]["timeout"] == 7.0
+    engine.dispose()
+
+
 # -- refusals ----------------------------------------------------------------------------------
 
 
