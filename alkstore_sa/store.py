@@ -27,7 +27,7 @@ from ._registry import DEFAULT_MAX_PAYLOAD
 from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, transactional
 from ._registry import store_for as store_for
 from ._rows import job_from_row
-from ._sqlite import configure_sqlite_engine
+from ._sqlite import _main_file, configure_sqlite_engine
 from ._urls import engine_from_url, in_memory_sqlite, parse_url
 from .errors import InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
@@ -166,7 +166,10 @@ class Store:
         sync_engine = getattr(engine, "sync_engine", engine)
         if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
             raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
-        _refuse_in_memory(sync_engine.url)  # never the store's database, which is a file
+        if sync_engine.dialect.is_async:
+            _refuse_in_memory(sync_engine.url)  # never the store's database, which is a file
+        else:
+            _refuse_in_memory_engine(sync_engine)
         self.backend.for_dialect(sync_engine.dialect)  # an unsupported driver fails here
         if self.backend.name == "sqlite":
             configure_sqlite_engine(sync_engine)  # the same busy timeout as the store's own
@@ -420,13 +423,21 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
     app = getattr(given, "sync_engine", given)  # an AsyncEngine's synchronous facade
     if not isinstance(app, Engine):
         raise InvalidOptions("Store needs a SQLAlchemy Engine, an AsyncEngine or a database URL")
-    _refuse_in_memory(app.url)
     if (
         not app.dialect.is_async
         and (app.dialect.name != "postgresql" or app.dialect.driver == "psycopg")
         and not isinstance(app.pool, _SHARING_POOLS)
     ):
+        _refuse_in_memory_engine(app)
         return app, False, None
+    if in_memory_sqlite(app.url) and not app.dialect.is_async and _opens_a_file(app):
+        raise InvalidOptions(
+            "this engine's URL names no database file (its creator= opens one) and the store "
+            "cannot run on the engine itself (its pool hands one connection to several "
+            "checkouts): make the store's engine on that file and register this one, "
+            "Store(create_engine('sqlite:///PATH')).register(engine)"
+        )
+    _refuse_in_memory(app.url)
     try:
         # the application's pool rules (SPEC §4) carry over; its connect_args cannot (they
         # live in its pool's creator, and are another driver's): docs/connections.md
@@ -452,6 +463,23 @@ def _refuse_in_memory(url: URL) -> None:
             "theirs), so it would lose or never see that database; use a database file "
             "(in tests, e.g. a file in pytest's tmp_path)"
         )
+
+
+def _refuse_in_memory_engine(engine: Engine) -> None:
+    """``_refuse_in_memory`` for a sync Engine, whose URL may name no file while its
+    ``creator=`` opens one: such a URL is checked against the database a connection
+    actually opened (SQLite's ``PRAGMA database_list``)."""
+    if in_memory_sqlite(engine.url) and not _opens_a_file(engine):
+        _refuse_in_memory(engine.url)
+
+
+def _opens_a_file(engine: Engine) -> bool:
+    """Whether the SQLite database ``engine``'s connections open is a file."""
+    try:
+        with engine.connect() as conn:
+            return bool(_main_file(conn.connection.driver_connection))
+    except Exception:  # noqa: BLE001 - cannot connect: the URL's word stands
+        return False
 
 
 def _utc(epoch: float) -> datetime:

@@ -284,6 +284,34 @@ def test_register_refuses_an_in_memory_sqlite_engine(tmp_path: Path) -> None:
     engine.dispose()
 
 
+def test_an_engine_whose_creator_opens_a_file_is_no_in_memory_database(tmp_path: Path) -> None:
+    """``create_engine("sqlite://", creator=...)``: the URL names no file, the creator opens
+    one. The store runs on such an engine (and register() takes one) as it did before the
+    in-memory refusal; where it would need an engine of its own (a pool sharing one
+    connection) it cannot make one from that URL, and says what to do instead."""
+    import sqlite3
+
+    path = str(tmp_path / "made.db")
+    alk.Store(f"sqlite:///{path}").install()
+
+    def creator() -> sqlite3.Connection:
+        return sqlite3.connect(path, check_same_thread=False)
+
+    engine = sa.create_engine("sqlite://", creator=creator, poolclass=sa.pool.QueuePool)
+    other = sa.create_engine("sqlite://", creator=creator, poolclass=sa.pool.QueuePool)
+    shared = sa.create_engine("sqlite://", creator=creator, poolclass=sa.pool.StaticPool)
+    try:
+        with alk.Store(engine) as store:
+            job = store.queue("q").enqueue({"n": 1})
+            store.register(other)
+            assert store.get_job(job) is not None
+        with pytest.raises(alk.InvalidOptions, match="creator=.*register"):
+            alk.Store(shared)
+    finally:
+        for e in (engine, other, shared):
+            e.dispose()
+
+
 def test_refusals_never_show_the_password() -> None:
     for url in ("postgresql://u:s3cr3t@h/db?no_such_option=1", "postgresql://u:s3cr3t@h/db?prepare_threshold=x",
                 "postgresql://u:s3cr3t@h:port/db", "mysql://u:s3cr3t@h/db"):
