@@ -73,6 +73,10 @@ class Fail(Exception):
         super().__init__(text)
         self.message = text
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from what it recorded (a process pool sends it back pickled)
+        return (type(self), (self.message,), self.__dict__)
+
 
 class Retry(Exception):
     """Raise from a handler to retry the job after ``delay`` seconds (None: the backoff
@@ -85,6 +89,12 @@ class Retry(Exception):
         super().__init__(text)
         self.delay = delay
         self.error = "retry requested" if text is None else text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its delay and error: the default would pass ``args`` (the error
+        # text) as the delay, which the check above refuses — a Retry raised in a process
+        # pool's child must come back as itself, not as a BrokenProcessPool
+        return (type(self), (self.delay, self.error), self.__dict__)
 
 
 @dataclass(frozen=True)

@@ -554,3 +554,19 @@ def test_a_payload_nested_too_deeply_is_a_payload_error(db: Target, store: alk.S
     # moderately deep payloads still round-trip
     job = q.get_job(q.enqueue(_nested(100, 1)))
     assert job is not None and job.payload == _nested(100, 1)
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [alk.Retry(60, "upstream busy"), alk.Retry(), alk.Retry(timedelta(seconds=5)), alk.Fail("gone"), alk.Fail()],
+    ids=repr,
+)
+def test_fail_and_retry_survive_pickling_and_copying(raised: Exception) -> None:
+    """A handler that runs work in a process pool gets a Retry or Fail raised there back
+    pickled: it must come back as itself (the default rebuild passed the error text as
+    the delay, which Retry's check refused, and the pool broke)."""
+    import copy
+    import pickle
+
+    for back in (pickle.loads(pickle.dumps(raised)), copy.copy(raised)):
+        assert type(back) is type(raised) and vars(back) == vars(raised) and back.args == raised.args
