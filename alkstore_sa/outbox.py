@@ -88,17 +88,32 @@ class Outbox:
         worker_id: str = "relay",
         *,
         poll_interval: v.Duration = 5.0,
+        shutdown_grace: v.Duration = 30.0,
     ) -> None:
-        """Until ``stop``: claim → ``deliver(payload)`` → ack, one message at a time in
-        order; an exception retries on the curve, dead after 5 attempts. At-least-once:
+        """Until ``stop``: claim → ``deliver(payload)`` → ack, one message at a time, oldest
+        first (best effort: docs/outbox.md); an exception retries on the curve, dead after 5
+        attempts. ``deliver`` may be ``async def`` (awaited on the relay's event loop). A stop
+        lets the delivery in flight finish for up to ``shutdown_grace`` seconds. At-least-once:
         ``deliver`` may see a message again after a crash, so make it idempotent."""
         from .worker import Worker
+        from .worker.dispatch import is_async_callable
 
         stop = v.stop_token(stop)  # Worker.run(None) would run with a token nobody can stop
         if not callable(deliver):  # else every message would fail in it until dead
             raise InvalidOptions(f"deliver must be callable, got {type(deliver).__name__}")
+        handler: Callable[[Job], Any]
+        if is_async_callable(deliver):
+
+            async def handler(job: Job) -> Any:  # an async handler, so the worker awaits it
+                return await deliver(job.payload)
+
+        else:
+
+            def handler(job: Job) -> Any:
+                return deliver(job.payload)
+
         worker = Worker(
-            self.store, self._queue, lambda job: deliver(job.payload), concurrency=1,
-            worker_id=worker_id, poll_interval=poll_interval,
+            self.store, self._queue, handler, concurrency=1,
+            worker_id=worker_id, poll_interval=poll_interval, shutdown_grace=shutdown_grace,
         )
         worker.run(stop)

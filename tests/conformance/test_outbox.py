@@ -6,6 +6,7 @@ attempts) driven on the injected clock."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import threading
@@ -216,6 +217,26 @@ def test_relay_delivers_every_message_in_order_then_acks(
     assert delivered[-1] == {"seq": 8}
     assert r.close() == "returned"
     assert all(ob.get_job(i) is None for i in ids)  # acked: gone
+
+
+def test_relay_awaits_an_async_deliver(store: alk.Store, obname: str, relays: list[Relay]) -> None:
+    """An ``async def`` deliver (an async Kafka or HTTP client) is awaited on the relay's
+    event loop, as a Worker awaits an async handler. It used to be called by a plain
+    wrapper whose coroutine was discarded unrun: every message went dead, its errors saying
+    the deliver was "not an async def function"."""
+    ob = store.outbox(obname)
+    ids = [ob.enqueue({"seq": i}) for i in range(3)]
+    delivered: list[Any] = []
+
+    async def deliver(payload: Any) -> None:
+        await asyncio.sleep(0)
+        delivered.append(payload)
+
+    relays.append(r := Relay(ob, deliver))
+    wait_for(lambda: len(delivered) == 3 and counts(ob) == (0, 0, 0), "all 3 messages delivered and acked")
+    assert delivered == [{"seq": i} for i in range(3)]
+    assert r.close() == "returned"
+    assert all(ob.get_job(i) is None for i in ids)
 
 
 @pytest.mark.parametrize(
