@@ -239,6 +239,34 @@ def test_relay_awaits_an_async_deliver(store: alk.Store, obname: str, relays: li
     assert all(ob.get_job(i) is None for i in ids)
 
 
+def test_relay_stop_waits_for_the_delivery_in_flight_up_to_its_grace(store: alk.Store, obname: str) -> None:
+    """``shutdown_grace``: how long a stop lets the delivery in flight finish (the Worker's
+    30 s before, with no way to change it)."""
+    ob = store.outbox(obname)
+    oid = ob.enqueue("slow")
+    started, release = threading.Event(), threading.Event()
+
+    def deliver(payload: Any) -> None:
+        started.set()
+        release.wait(WAIT)
+
+    stop = alk.StopToken()
+    thread = threading.Thread(
+        target=ob.relay, args=(deliver, stop), kwargs={"poll_interval": 0.05, "shutdown_grace": 0.2}, daemon=True
+    )
+    thread.start()
+    try:
+        assert started.wait(WAIT)
+        stop.stop()
+        thread.join(WAIT / 3)
+        assert not thread.is_alive(), "the relay waited past its shutdown_grace"
+        job = ob.get_job(oid)
+        assert job is not None and job.state == "processing"  # left to its claim
+    finally:
+        release.set()
+        thread.join(WAIT)
+
+
 @pytest.mark.parametrize(
     ("deliver", "stop", "match"),
     [
