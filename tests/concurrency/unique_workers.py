@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 
+PACE_PER_KEY = 0.001  # seconds between transactions, per key they enqueued
+
 
 def _ready(store: alk.Store, spec: dict[str, Any]) -> None:
     """A second start line, after the store is warm (schema checked, connection open): the
@@ -42,9 +44,15 @@ def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
         random.Random(spec["seed"]).shuffle(keys)
         out: list[list[Any]] = []
         _ready(store, spec)
+        # a pause between transactions spreads each process's run over ~0.2 s: on two
+        # cores with eight processes one of them can be scheduled tens of milliseconds
+        # before the rest, and 200 keys unpaced take SQLite less than that — it enqueued
+        # every key alone and there was no contention to test
+        pace = PACE_PER_KEY
         if spec["mode"] == "own":
             for key in keys:
                 out.append([key, q.enqueue({"key": key, "pid": os.getpid()}, unique_key=key)])
+                time.sleep(pace)
             return out
         group = spec["group"]
         for i in range(0, len(keys), group):
@@ -52,6 +60,7 @@ def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
             with Session(store.engine) as session, session.begin():
                 ids = [alk.enqueue(session, q, {"key": k, "pid": os.getpid()}, unique_key=k) for k in chunk]
             out += [[k, job_id] for k, job_id in zip(chunk, ids, strict=True)]
+            time.sleep(pace * len(chunk))
         return out
     finally:
         store.close()
