@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._limits import limit_wait
-from ..errors import AlkstoreError
+from ..errors import AlkstoreError, StoreClosed
 from ..queue import JobHandle, Queue, ack_and_claim_turns, claim_turns
 from ..stop import StopToken
 
@@ -238,6 +238,8 @@ class Claimer:
                 if ready:
                     self._round(ready, free, clean=False)  # burst's drained check is the claimer's own
                 filled = self._free() <= 0
+        except StoreClosed:
+            pass  # the claimer's own round, nudged below, ends run() with it
         except Exception:  # noqa: BLE001 - a bug here must not cost the thread; the claimer's own round follows
             log.exception("claiming for freed slots failed unexpectedly")
         finally:
@@ -264,6 +266,8 @@ class Claimer:
                 if ready and ready[0].queue.name not in ready[0].queue.store._limited_queues:
                     self._round(ready, free, clean=False, ride=ride)
                     filled = self._free() <= 0
+        except StoreClosed:
+            pass  # as claim_freed; the acks are then written on their own (and refused likewise)
         except Exception:  # noqa: BLE001 - as claim_freed: the claimer's own round follows
             log.exception("claiming along with a batch of acks failed unexpectedly")
         finally:
@@ -374,6 +378,8 @@ class Claimer:
         self._rest(idle)
 
     def _failed(self, s: _Source, exc: AlkstoreError) -> None:
+        if isinstance(exc, StoreClosed):
+            raise exc  # no retry can work: run() ends with it (SPEC §3)
         s.woken = True  # try again once the backoff is over
         s.not_before = time.monotonic() + s.outage.failed(exc)
 

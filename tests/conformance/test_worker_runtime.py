@@ -509,3 +509,41 @@ def test_the_runners_watcher_stops_ticking_once_the_worker_is_idle(store: alk.St
         time.sleep(0.3)
         assert runner.ticks == before
         r.stop_and_join()
+
+
+@pytest.mark.parametrize("kind", ["worker", "relay"])
+def test_closing_the_store_under_a_running_worker_ends_run_with_store_closed(
+    db: Target, qname: str, kind: str
+) -> None:
+    """A worker (or an outbox relay) whose store is closed while it runs: no claim can work
+    again, so run() ends with StoreClosed (SPEC §3) after its usual drain, instead of
+    retrying its claims with backoff for as long as its stop token is not set."""
+    store = db.store()
+    ran = threading.Event()
+    outcome: list[BaseException | str] = []
+    stop = alk.StopToken()
+
+    def target() -> None:
+        try:
+            if kind == "worker":
+                store.queue(qname).enqueue({"n": 1})
+                alk.Worker(store, qname, lambda job: ran.set(), poll_interval=0.2).run(stop)
+            else:
+                ob = store.outbox(qname)
+                ob.enqueue({"n": 1})
+                ob.relay(lambda payload: ran.set(), stop, poll_interval=0.2)
+            outcome.append("returned")
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        assert ran.wait(WAIT)
+        store.close()
+        thread.join(WAIT)
+        assert not thread.is_alive(), f"the {kind} kept running on a closed store"
+        assert len(outcome) == 1 and isinstance(outcome[0], alk.StoreClosed), outcome
+    finally:
+        stop.stop()
+        thread.join(WAIT)
