@@ -166,10 +166,7 @@ class Store:
         sync_engine = getattr(engine, "sync_engine", engine)
         if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
             raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
-        if sync_engine.dialect.is_async:
-            _refuse_in_memory(sync_engine.url)  # never the store's database, which is a file
-        else:
-            _refuse_in_memory_engine(sync_engine)
+        _refuse_in_memory_engine(sync_engine)  # never the store's database, which is a file
         self.backend.for_dialect(sync_engine.dialect)  # an unsupported driver fails here
         if self.backend.name == "sqlite":
             configure_sqlite_engine(sync_engine)  # the same busy timeout as the store's own
@@ -466,10 +463,11 @@ def _refuse_in_memory(url: URL) -> None:
 
 
 def _refuse_in_memory_engine(engine: Engine) -> None:
-    """``_refuse_in_memory`` for a sync Engine, whose URL may name no file while its
-    ``creator=`` opens one: such a URL is checked against the database a connection
-    actually opened (SQLite's ``PRAGMA database_list``)."""
-    if in_memory_sqlite(engine.url) and not _opens_a_file(engine):
+    """``_refuse_in_memory`` for an Engine, whose URL may name no file while its
+    ``creator=`` opens one: a sync engine's such URL is checked against the database a
+    connection actually opened (SQLite's ``PRAGMA database_list``); an async engine's
+    facade cannot connect here, so its URL's word stands."""
+    if in_memory_sqlite(engine.url) and (engine.dialect.is_async or not _opens_a_file(engine)):
         _refuse_in_memory(engine.url)
 
 

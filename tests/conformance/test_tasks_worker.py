@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -437,15 +437,32 @@ def _both_kinds(tasks: alk.Tasks, queue: str, make: Callable[[str], BaseExceptio
     return raises_sync, raises_async
 
 
+def _enqueue_each_kind(store: alk.Store, pair: tuple[alk.Task, alk.Task], kinds: Iterable[str]) -> dict[tuple[str, str], int]:
+    """A job of both tasks for every kind: the ids by (task name, kind)."""
+    return {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in kinds}
+
+
+def _drain(store: alk.Store, tasks: alk.Tasks) -> None:
+    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+
+
+def _raise_each_kind(
+    store: alk.Store, queue: str, kinds: Iterable[str], make: Callable[[str], BaseException]
+) -> dict[tuple[str, str], int]:
+    """Both tasks raising ``make(kind)``, a job of each for every kind, run once by a burst
+    worker: the job ids by (task name, kind)."""
+    tasks = alk.Tasks()
+    ids = _enqueue_each_kind(store, _both_kinds(tasks, queue, make), kinds)
+    _drain(store, tasks)
+    return ids
+
+
 def test_fail_records_the_text_of_any_message(store: alk.Store, qname: str) -> None:
     """``Fail(msg)`` → ``fail(msg)`` whatever ``msg`` is: an exception object (``raise
     alk.Fail(exc)``), a number, a subclass's own attribute — its text is the last error
     (None: "failed"). A non-str was refused by ``fail()`` inside the worker, and the job
     stayed processing until its claim lapsed, ending dead with no error recorded."""
-    tasks = alk.Tasks()
-    pair = _both_kinds(tasks, qname, lambda kind: FAILS[kind][0]())
-    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in FAILS}
-    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    ids = _raise_each_kind(store, qname, FAILS, lambda kind: FAILS[kind][0]())
     for (name, kind), job_id in ids.items():
         expected = FAILS[kind][1]
         job = _job(store, qname, job_id)
@@ -465,10 +482,7 @@ RETRIES: dict[str, tuple[Callable[[], BaseException], str, float | None]] = {
 def test_retry_records_the_text_of_any_error(store: alk.Store, qname: str, clock: FakeClock) -> None:
     """``Retry(delay, error)`` → ``retry(error, delay)``, ``error`` recorded as text whatever
     it is (``Retry(error=404)`` was refused inside the worker and the job left to lapse)."""
-    tasks = alk.Tasks()
-    pair = _both_kinds(tasks, qname, lambda kind: RETRIES[kind][0]())
-    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in RETRIES}
-    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    ids = _raise_each_kind(store, qname, RETRIES, lambda kind: RETRIES[kind][0]())
     now = clock()
     for (name, kind), job_id in ids.items():
         _, expected, delay = RETRIES[kind]
@@ -501,11 +515,8 @@ def test_a_retry_with_a_bad_delay_is_retried_on_the_curve_naming_the_problem(
     """``raise alk.Retry(delay=-1)`` raises InvalidOptions in the task, retried like any
     exception: on the backoff curve, its error saying what was wrong. It was refused inside
     the worker, and the job stayed processing until its claim lapsed, every attempt."""
-    tasks = alk.Tasks()
     delays: dict[str, Any] = {"negative": -1, "huge": 1e12, "str": "x"}
-    pair = _both_kinds(tasks, qname, lambda kind: alk.Retry(delay=delays[kind]))
-    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in delays}
-    alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+    ids = _raise_each_kind(store, qname, delays, lambda kind: alk.Retry(delay=delays[kind]))
     now = clock()  # the default backoff_base (5): the curve is [3, 5] s after attempt 1
     for (name, kind), job_id in ids.items():
         job = _job(store, qname, job_id)
@@ -533,10 +544,10 @@ def test_a_refused_outcome_is_recorded_as_a_retry_on_the_curve_never_left_to_lap
     claim lapsed and then dead with no error."""
     tasks = alk.Tasks()
     pair = _both_kinds(tasks, qname, lambda kind: _Unchecked(-1 if kind == "negative" else "soon"))
-    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in ["negative", "str"]}
+    ids = _enqueue_each_kind(store, pair, ["negative", "str"])
     last = pair[0].using(max_attempts=1).enqueue(store, "negative")
     with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
-        alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+        _drain(store, tasks)
     now = clock()
     for (name, kind), job_id in ids.items():
         job = _job(store, qname, job_id)
@@ -597,11 +608,8 @@ def test_an_exception_whose_str_fails_is_retried_with_its_repr(
     any other, recorded as its ``repr()`` (its type name when that fails too), and logged
     without a logging error. Before, formatting it raised inside the worker: the job stayed
     processing with no error until its claim lapsed, and ended dead with ``errors=[]``."""
-    tasks = alk.Tasks()
-    pair = _both_kinds(tasks, qname, lambda kind: UNPRINTABLE[kind][0]())
-    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in UNPRINTABLE}
     with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
-        alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+        ids = _raise_each_kind(store, qname, UNPRINTABLE, lambda kind: UNPRINTABLE[kind][0]())
     now = clock()
     for (name, kind), job_id in ids.items():
         job = _job(store, qname, job_id)
@@ -633,11 +641,8 @@ def test_the_text_of_a_huge_exception_is_capped(store: alk.Store, qname: str, ca
     ``Retry`` error) is cut at 10,000 characters, saying how many more there were — in
     ``job.errors`` (on every attempt) and in the WARNING's message. A str given to ``Fail``
     or ``Retry`` is recorded as given, as ``fail(msg)`` records it."""
-    tasks = alk.Tasks()
-    pair = _both_kinds(tasks, qname, lambda kind: BIG[kind][0]())
-    ids = {(task.name, kind): task.enqueue(store, kind) for task in pair for kind in BIG}
     with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
-        alk.Worker(store, tasks, concurrency=4, poll_interval=0.2).run(burst=True)
+        ids = _raise_each_kind(store, qname, BIG, lambda kind: BIG[kind][0]())
     for (name, kind), job_id in ids.items():
         _, state, expected = BIG[kind]
         job = _job(store, qname, job_id)
