@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import ipaddress
 import operator
 import os
 import select
@@ -143,13 +144,17 @@ def _materialized(select: sa.Select[Any] | sa.CompoundSelect, name: str) -> sa.C
 
 _direct: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _DIRECTNESS_SQL = (
-    "SELECT pg_catalog.pg_backend_pid(), pg_catalog.inet_client_port(), pg_catalog.inet_server_port()"
+    "SELECT pg_catalog.pg_backend_pid(), pg_catalog.inet_client_addr(), pg_catalog.inet_client_port(),"
+    " pg_catalog.inet_server_addr(), pg_catalog.inet_server_port()"
 )
 
 
 def _reaches_server_directly(dbapi_conn: Any) -> bool:
     """Whether the server's end of this connection is our socket's peer (no pooler or proxy
-    in between): for TCP, the server sees our local port and we see its port; for a Unix
+    in between): for TCP, the server sees our local address and port and we see its
+    address and port (the whole connection, not the ports alone: a proxy listening on the
+    server's port whose own connection happens to leave from our port number matches
+    those); for a Unix
     socket, our peer is the postmaster that forked the backend. One round trip per physical
     connection (remembered); False whenever it cannot be shown."""
     known = _direct.get(dbapi_conn)
@@ -163,10 +168,14 @@ def _reaches_server_directly(dbapi_conn: Any) -> bool:
 
 
 def _check_directness(dbapi_conn: Any) -> bool:
-    backend_pid, client_port, server_port = dbapi_conn.execute(_DIRECTNESS_SQL).fetchone()
+    backend_pid, client_addr, client_port, server_addr, server_port = dbapi_conn.execute(_DIRECTNESS_SQL).fetchone()
     with socket.socket(fileno=os.dup(dbapi_conn.pgconn.socket)) as sock:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
-            return bool(client_port == sock.getsockname()[1] and server_port == sock.getpeername()[1])
+            ours, theirs = sock.getsockname(), sock.getpeername()
+            return (
+                (_address(client_addr), client_port) == (_address(ours[0]), ours[1])
+                and (_address(server_addr), server_port) == (_address(theirs[0]), theirs[1])
+            )
         if sock.family == socket.AF_UNIX and client_port is None and hasattr(socket, "SO_PEERCRED"):
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             peer_pid = struct.unpack("3i", creds)[0]
@@ -174,6 +183,18 @@ def _check_directness(dbapi_conn: Any) -> bool:
                 parent = next(line for line in status if line.startswith("PPid:"))
             return peer_pid == int(parent.split()[1])
     return False
+
+
+def _address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP address as one comparable value (an IPv4-mapped IPv6 address as the IPv4 one,
+    a link-local scope dropped); None when there is none (the server's side of a Unix
+    socket)."""
+    if value is None:
+        return None
+    address = ipaddress.ip_address(str(value).split("%", 1)[0].split("/", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 @functools.cache
