@@ -258,12 +258,17 @@ class Queue:
 
     def cancel(self, job_id: int) -> bool:
         """Delete a live job of this queue, pending or processing (not an interrupt)."""
+        return self._cancel(job_id, pending_only=False)
+
+    def _cancel(self, job_id: int, *, pending_only: bool) -> bool:
         self.store._check_open()
         job_id = v.job_id(job_id)
         if not v.in_int64(job_id):
             return False
+        backend = self.store.backend
+        op = backend.cancel_pending if pending_only else backend.cancel
         with self.store.executor(retry=True) as ex:  # a repeat finds nothing to delete
-            return self.store.backend.cancel(ex, {"id": job_id, "queue": self.name})
+            return op(ex, {"id": job_id, "queue": self.name})
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id (id-global: any queue), live or dead."""
@@ -389,6 +394,13 @@ def _turn_handles(
         sort_claim_order(rows)
         out.append((asked, [JobHandle(q, r) for r in rows]))
     return out
+
+
+def cancel_pending(queue: Queue, job_id: int) -> bool:
+    """Delete a job of ``queue`` only while it is pending, in one statement: False when it
+    is processing (a claim landed first and keeps it), dead, gone or another queue's. The
+    dashboard's cancel; ``Queue.cancel`` (SPEC §5.5) also deletes a processing job."""
+    return queue._cancel(job_id, pending_only=True)
 
 
 def ack_claims(store: Store, handles: list[JobHandle], queue: str | None) -> set[tuple[int, int]]:

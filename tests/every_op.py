@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from alkstore_sa._gauges import read_gauges
+from alkstore_sa.queue import cancel_pending
 from alkstore_sa.scheduler import Scheduler
 from tests.support import wait_for
 
@@ -57,6 +58,7 @@ def _queue_ops(store: alk.Store, name: str) -> None:
     assert q.get_job(hs[1].id) is not None and store.get_job(hs[1].id) is not None
     again = q.requeue_dead(hs[1].id)
     assert again is not None and q.cancel(again) is True
+    assert cancel_pending(q, q.enqueue({"n": 7})) is True  # the dashboard's pending-only cancel
     stats = q.stats()
     assert stats.pending == 0 and stats.processing == 0
     q.enqueue({"n": 4})

@@ -401,13 +401,20 @@ class QueueOps(Core):
         return sa.delete(jobs).where(*where)
 
     def cancel(self, ex: Executor, params: Mapping[str, Any]) -> bool:
-        sql = self.sql(
-            "cancel",
-            lambda: sa.delete(jobs).where(
-                jobs.c.id == bp("id", sa.BigInteger), jobs.c.queue == bp("queue", sa.Text)
-            ),
-        )
+        """Delete the live job ``:id`` of ``:queue``, pending or processing."""
+        return ex.rowcount(self.sql("cancel", lambda: self._cancel()), params) == 1
+
+    def cancel_pending(self, ex: Executor, params: Mapping[str, Any]) -> bool:
+        """Delete the job ``:id`` of ``:queue`` only while it is pending: a claim that lands
+        first keeps its job. The state test is in the DELETE itself (never a read before
+        it), so the claim and the delete serialize on the row: on PostgreSQL a DELETE that
+        waited on the claim's row lock re-checks its WHERE against the claimed row and
+        deletes nothing; on SQLite each runs under the one write lock."""
+        sql = self.sql("cancel_pending", lambda: self._cancel().where(jobs.c.state == PENDING))
         return ex.rowcount(sql, params) == 1
+
+    def _cancel(self) -> sa.Delete:
+        return sa.delete(jobs).where(jobs.c.id == bp("id", sa.BigInteger), jobs.c.queue == bp("queue", sa.Text))
 
     def get_job(self, ex: Executor, params: Mapping[str, Any], *, by_queue: bool) -> tuple[Any, ...] | None:
         def build() -> sa.Executable:

@@ -1,6 +1,7 @@
 """The dashboard's actions (POST only, after the CSRF checks in ``app``): requeue or delete
-dead jobs, cancel a pending job, pause or resume a queue. Each goes through the public
-queue operations and answers 303 back to the page it came from."""
+dead jobs, cancel a pending job, pause or resume a queue. Each goes through the queue
+operations and answers 303 back to the page it came from; a cancel that finds the job no
+longer pending answers 409 with the reason."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from urllib.parse import urlsplit
 from ..errors import InvalidOptions
 from ..model import Job
 from ..outbox import listed_queue
+from ..queue import cancel_pending
+from .html import esc
 from .http import Request, Response, redirect
 from .view import View
 
@@ -73,11 +76,31 @@ def delete_dead(view: View) -> Response:
 
 
 def cancel(view: View, job_id: int) -> Response:
-    """Cancel a pending job (one claimed since the page was shown is left alone)."""
+    """Cancel a pending job. The delete itself requires the job to be pending (one
+    statement, ``cancel_pending``): a job a worker claimed since the page was read — even
+    between this action's own read and its delete — is left alone, and the answer (409)
+    says what became of it instead of pretending it was cancelled."""
+    back = back_to(view.request)
     job = view.store.get_job(job_id)
-    if job is not None and job.state == "pending":
-        listed_queue(view.store, job.queue).cancel(job_id)
-    return redirect(back_to(view.request))
+    if job is not None and job.state == "pending" and cancel_pending(listed_queue(view.store, job.queue), job_id):
+        return redirect(back)
+    return _not_cancelled(view, job_id, back)
+
+
+def _not_cancelled(view: View, job_id: int, back: str) -> Response:
+    """409: the job was not cancelled, and why (read after the refused delete)."""
+    job = view.store.get_job(job_id)
+    if job is None:
+        why = "it is no longer live (a worker finished it, or it was cancelled or expired)"
+    elif job.state == "processing":
+        why = f"a worker ({job.worker_id}) claimed it since the page was shown; it keeps running"
+    elif job.state == "dead":
+        why = "it is dead (requeue or delete it from the dead letters)"
+    else:
+        why = "it was not pending when the cancel ran; reload the page and try again"
+    body = f'<p class="error" id="refusal">job {job_id} was not cancelled: {esc(why)}</p>'
+    body += f'<p><a id="back-link" href="{esc(back)}">back</a></p>'
+    return view.page("Not cancelled", body, status=409)
 
 
 def pause(view: View, queue: str, paused: bool) -> Response:

@@ -116,6 +116,7 @@ def compile_everything(target: Target) -> Compiled:
         h = q.claim_one(WORKER)
         assert h is not None and h.ack() is True
         assert q.cancel(h1.id) is True
+        assert queue_mod.cancel_pending(q, q.enqueue(PAYLOAD)) is True  # the dashboard's cancel
         assert q.get_job(h2.id) is not None and store.get_job(h2.id) is not None
         with target.engine.connect() as conn:
             assert alk.get_job(conn, q, h2.id) is not None  # the queue-filtered read
@@ -341,6 +342,9 @@ def test_state_values_are_inlined_literals(compiled: Compiled) -> None:
     assert re.search(r"SET state\s*=\s*'pending'", compiled.sql["retry"])
     assert "VALUES ('pending'," in compiled.sql["enqueue"]
     assert f"{t}.state{compiled.op('=')}'pending'" in compiled.sql["stats"]
+    # the dashboard's cancel: the pending test is in the DELETE itself, not a read before it
+    assert compiled.sql["cancel_pending"].startswith(f"DELETE FROM {t} ")
+    assert f"{t}.state{compiled.op('=')}'pending'" in compiled.sql["cancel_pending"]
 
 
 def test_validity_predicate_is_the_claim_token(compiled: Compiled) -> None:

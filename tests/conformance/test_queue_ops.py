@@ -42,6 +42,28 @@ def test_cancel_refusals(store: alk.Store, qname: str) -> None:
     assert q.get_job(dead).state == "dead" and q.get_job(other) is not None  # type: ignore[union-attr]
 
 
+def test_cancel_pending_deletes_only_a_pending_job(store: alk.Store, qname: str) -> None:
+    """The dashboard's cancel (internal, ``queue.cancel_pending``): one statement that deletes
+    the job only while it is pending, so a claim that landed first keeps its job."""
+    from alkstore_sa.queue import cancel_pending
+
+    q = store.queue(qname)
+    pending, processing = q.enqueue("p"), q.enqueue("q", priority=1)
+    h = q.claim_one("w")
+    assert h is not None and h.id == processing
+    later = q.enqueue("later", delay=3600)  # pending, not yet ready: still cancellable
+    other = store.queue(qname + "-other").enqueue(1)
+    assert cancel_pending(q, pending) is True and cancel_pending(q, later) is True
+    assert q.get_job(pending) is None and q.get_job(later) is None
+    assert cancel_pending(q, processing) is False
+    assert h.ack() is True  # the claim was left alone
+    (dead,) = _dead(q, 1)
+    assert cancel_pending(q, dead) is False and q.get_job(dead).state == "dead"  # type: ignore[union-attr]
+    assert cancel_pending(q, other) is False and q.get_job(other) is not None  # another queue's job
+    assert cancel_pending(q, pending) is False and cancel_pending(q, 10**15) is False
+    assert cancel_pending(q, 2**70) is False  # outside int64: nothing to delete
+
+
 def test_ack_batch_counts_only_valid_claims(store: alk.Store, qname: str, clock: FakeClock) -> None:
     q = store.queue(qname, visibility_timeout=10)
     short = store.queue(qname, visibility_timeout=1)

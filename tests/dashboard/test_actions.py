@@ -87,9 +87,42 @@ def test_cancel_pending_only(dash, store: alk.Store, qname: str) -> None:
     r = dash.post(f"/jobs/{s.ready[0]}/cancel", {"csrf_token": token, "next": f"/queues/{qname}"})
     assert r.status == 303 and r.headers["location"] == f"/queues/{qname}"
     assert store.get_job(s.ready[0]) is None
-    dash.post(f"/jobs/{s.processing[0]}/cancel", {"csrf_token": token})
+    r = dash.post(f"/jobs/{s.processing[0]}/cancel", {"csrf_token": token})
     job = store.get_job(s.processing[0])
     assert job is not None and job.state == "processing"  # not a pending job: left alone
+    assert r.status == 409 and "was not cancelled" in r.text and "claimed" in r.text
+    r = dash.post(f"/jobs/{s.dead[0]}/cancel", {"csrf_token": token})
+    assert r.status == 409 and "it is dead" in r.text and store.get_job(s.dead[0]) is not None
+    r = dash.post(f"/jobs/{s.ready[0]}/cancel", {"csrf_token": token})  # cancelled above
+    assert r.status == 409 and "no longer live" in r.text
+
+
+def test_cancel_refuses_a_job_claimed_after_the_action_read_it(
+    dash, store: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's claim landing between the action's read of the job (pending) and its
+    cancel: the cancel deletes nothing (the worker's ack lands) and the answer says so."""
+    q = store.queue(qname)
+    job_id = q.enqueue({"races": 1})
+    token = _token(dash, f"/jobs/{job_id}")
+    claimed: list[alk.JobHandle] = []
+    read = store.get_job
+
+    def read_then_claim(i: int) -> alk.Job | None:
+        job = read(i)
+        if not claimed:  # the claim lands right after the action saw the job pending
+            h = q.claim_one("racing-worker")
+            assert h is not None and h.id == job_id
+            claimed.append(h)
+        return job
+
+    monkeypatch.setattr(store, "get_job", read_then_claim)
+    r = dash.post(f"/jobs/{job_id}/cancel", {"csrf_token": token, "next": f"/queues/{qname}"})
+    monkeypatch.undo()
+    job = store.get_job(job_id)
+    assert job is not None and job.state == "processing", "the claimed job was cancelled"
+    assert claimed[0].ack() is True
+    assert r.status == 409 and "claimed" in r.text and f'href="/queues/{qname}"' in r.text
 
 
 def test_pause_and_resume(dash, store: alk.Store, qname: str) -> None:
