@@ -13,7 +13,7 @@ from ..errors import InvalidName, InvalidOptions
 from ..store import Store
 from . import actions, inventory, jobs, queues
 from .csrf import Csrf
-from .html import error_page
+from .html import error_page, unseg
 from .http import Request, Response
 from .view import View
 
@@ -23,11 +23,12 @@ Route = tuple[re.Pattern[str], Callable[..., Response | None]]
 
 STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
 
-# queue names are greedy (.+): a name may itself contain "/" (sent encoded, decoded by the server)
+# queue names are greedy (.+): a name may itself contain "/" (sent encoded, decoded by the
+# server); each is taken back from its segment by ``unseg`` (see ``html.seg``)
 GET: list[Route] = [
     (re.compile(r"/"), queues.queues_page),
     (re.compile(r"/api/counts"), queues.counts_json),
-    (re.compile(r"/queues/(.+)"), jobs.queue_page),
+    (re.compile(r"/queues/(.+)"), lambda view, q: jobs.queue_page(view, unseg(q))),
     (re.compile(r"/jobs/(-?\d{1,19})"), lambda view, i: jobs.job_page(view, int(i))),
     (re.compile(r"/dead"), jobs.dead_page_view),
     (re.compile(r"/schedules"), inventory.schedules_page),
@@ -38,8 +39,8 @@ POST: list[Route] = [
     (re.compile(r"/dead/requeue"), actions.requeue_dead),
     (re.compile(r"/dead/delete"), actions.delete_dead),
     (re.compile(r"/jobs/(-?\d{1,19})/cancel"), lambda view, i: actions.cancel(view, int(i))),
-    (re.compile(r"/queues/(.+)/pause"), lambda view, q: actions.pause(view, q, True)),
-    (re.compile(r"/queues/(.+)/resume"), lambda view, q: actions.pause(view, q, False)),
+    (re.compile(r"/queues/(.+)/pause"), lambda view, q: actions.pause(view, unseg(q), True)),
+    (re.compile(r"/queues/(.+)/resume"), lambda view, q: actions.pause(view, unseg(q), False)),
 ]
 
 

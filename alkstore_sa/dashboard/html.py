@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -32,9 +33,26 @@ def url(request: Request, path: str, query: Mapping[str, object] | None = None) 
     return request.root + path + (f"?{urlencode(q)}" if q else "")
 
 
+# A path segment "." or ".." is removed by every client before it sends the request (RFC
+# 3986 remove_dot_segments; browsers also read "%2e" as a dot), so percent-encoding cannot
+# carry such a name: ``seg`` puts one "~" in front of it, and of every name of that shape
+# already led by "~" (so "~." stays another name than "."); ``unseg`` takes one off.
+_DOTS = re.compile(r"~*\.\.?")
+_LED_DOTS = re.compile(r"~+\.\.?")
+
+
 def seg(name: str) -> str:
-    """A name as one URL path segment (``/`` and every other special character encoded)."""
+    """A name as one URL path segment: ``/`` and every other special character encoded, and
+    never a dot segment (``unseg`` is the way back)."""
+    if _DOTS.fullmatch(name):
+        name = "~" + name
     return quote(name, safe="")
+
+
+def unseg(segment: str) -> str:
+    """The name a path segment made by ``seg`` stands for, from the segment as the server
+    decoded it."""
+    return segment[1:] if _LED_DOTS.fullmatch(segment) else segment
 
 
 def when(value: datetime | float | None) -> str:
