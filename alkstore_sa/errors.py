@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 
 class AlkstoreError(Exception):
     """Base class of every error raised by alkstore_sa."""
@@ -50,22 +52,30 @@ class StoreClosed(AlkstoreError):
     default_message = "the store is closed"
 
 
+def install_advice(schema: str | None = None, dialect: str = "postgresql") -> str:
+    """The commands that install or upgrade the store's tables, each way they can be
+    installed; ``--schema`` is in them when the store's PostgreSQL schema is not the default
+    (``alkstore migrate`` alone would install into the default one)."""
+    from .schema import DEFAULT_SCHEMA
+
+    opt = "" if schema in (None, DEFAULT_SCHEMA) or dialect == "sqlite" else f" --schema {shlex.quote(schema)}"
+    return (
+        f"run `alkstore migrate --url URL{opt}` (or Store.install()); when your app's own "
+        f"Alembic chain installs alkstore, `alkstore alembic-revision{opt}` and then your "
+        "`alembic upgrade head`"
+    )
+
+
 class NotInstalled(AlkstoreError):
     """The store's tables are missing from the database."""
 
-    default_message = (
-        "alkstore tables are not installed in this database: run `alkstore migrate --url URL`, "
-        "`alembic upgrade head`, or Store.install()"
-    )
+    default_message = f"alkstore tables are not installed in this database: {install_advice()}"
 
 
 class SchemaOutdated(NotInstalled):
     """The database holds an older alkstore schema than this library version needs."""
 
-    default_message = (
-        "the alkstore schema in this database is older than this library needs: run "
-        "`alkstore migrate --url URL` (or your app's `alembic upgrade head`)"
-    )
+    default_message = f"the alkstore schema in this database is older than this library needs: {install_advice()}"
 
 
 class SchemaTooNew(AlkstoreError):

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
-from ..errors import DatabaseError, NotInstalled
+from ..errors import DatabaseError, NotInstalled, install_advice
 from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, jobs
 from .sql import PROCESSING, Executor, bp
 
@@ -202,7 +202,9 @@ class Core(abc.ABC):
         """The one place driver exceptions become alkstore errors."""
         orig = getattr(exc, "orig", None) or exc
         if self.is_missing_table(orig):
-            err: BaseException = NotInstalled()
+            err: BaseException = NotInstalled(
+                f"alkstore tables are not installed in this database: {install_advice(self.schema, self.name)}"
+            )
         else:
             err = DatabaseError(f"{type(orig).__name__}: {orig}".strip(), orig=orig)
         err.__cause__ = exc

@@ -160,23 +160,9 @@ def previous_alkstore(script: ScriptDirectory | None, down: str | None) -> tuple
     return 0, None
 
 
-def packaged_revision(step: int) -> str | None:
-    """The packaged alkstore revision id that stands for ``step`` (None for step 0).
-
-    The convention ``alkstore_%04d`` is checked against the shipped revisions, so a break in
-    it fails here, at generation time, never inside the app's migration.
-    """
-    if step == 0:
-        return None
-    rev = f"alkstore_{step:04d}"
-    packaged = ScriptDirectory.from_config(migrations.alembic_config())
-    packaged.get_revision(rev)  # raises when the shipped revisions do not have it
-    return rev
-
-
 def render(plan: Plan) -> str:
-    """The revision file's text: the ids are baked in, so the file stays what it was
-    when a later library version ships more steps."""
+    """The revision file's text: the steps are baked in (``ALKSTORE_STEPS``), so the file
+    does what it did when a later library version ships more steps."""
     return _TEMPLATE.format(
         version=__version__,
         rev_id=plan.rev_id,
@@ -186,8 +172,7 @@ def render(plan: Plan) -> str:
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         from_step=plan.from_step,
         to_step=plan.to_step,
-        from_rev=_lit(packaged_revision(plan.from_step)),
-        to_rev=_lit(packaged_revision(plan.to_step)),
+        to_rev=migrations.step_revision(plan.to_step),  # checked here, at generation time
         schema=_lit(plan.schema),
     )
 
@@ -202,7 +187,8 @@ _TEMPLATE = '''\
 
 Installs alkstore's tables inside this application's migration chain: it calls alkstore's
 versioned steps (frozen once released), then records the schema version alkstore checks
-before its first operation. Do not edit. After upgrading alkstore_sa, run
+before its first operation ({to_rev}). Steps that version already records (run by
+`alkstore migrate`, say) are skipped. Do not edit. After upgrading alkstore_sa, run
 `alkstore alembic-revision` again: it continues from ALKSTORE_STEPS below.
 
 Revision ID: {rev_id}
@@ -212,8 +198,7 @@ Create Date: {date}
 
 from __future__ import annotations
 
-from alkstore_sa.alembic_support import record_version
-from alkstore_sa.migrations import steps
+from alkstore_sa.alembic_support import downgrade_steps, upgrade_steps
 
 revision = {rev_lit}
 down_revision = {down}
@@ -227,11 +212,9 @@ ALKSTORE_SCHEMA = {schema}
 
 
 def upgrade() -> None:
-    steps.upgrade(to={to_step}, from_={from_step}, schema=ALKSTORE_SCHEMA)
-    record_version({from_rev}, {to_rev}, schema=ALKSTORE_SCHEMA)
+    upgrade_steps(*ALKSTORE_STEPS, schema=ALKSTORE_SCHEMA)
 
 
 def downgrade() -> None:
-    record_version({to_rev}, {from_rev}, schema=ALKSTORE_SCHEMA)
-    steps.downgrade(to={from_step}, from_={to_step}, schema=ALKSTORE_SCHEMA)
+    downgrade_steps(*ALKSTORE_STEPS, schema=ALKSTORE_SCHEMA)
 '''

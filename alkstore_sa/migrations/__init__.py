@@ -33,7 +33,14 @@ from alembic import command
 
 from .. import _validate
 from .._urls import engine_from_url, parse_url
-from ..errors import DatabaseError, InvalidOptions, NotInstalled, SchemaOutdated, SchemaTooNew
+from ..errors import (
+    DatabaseError,
+    InvalidOptions,
+    NotInstalled,
+    SchemaOutdated,
+    SchemaTooNew,
+    install_advice,
+)
 from ..schema import DEFAULT_SCHEMA, VERSION_TABLE
 
 log = logging.getLogger("alkstore_sa")
@@ -85,11 +92,17 @@ def installing(connection: Connection, schema: str) -> Iterator[None]:
         _enable_wal(connection)
     with connection.begin():
         if connection.dialect.name == "postgresql":
-            connection.execute(sa.text("SELECT pg_catalog.pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+            lock_installs(connection)
             connection.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
         elif connection.dialect.name == "sqlite":
             connection.exec_driver_sql("BEGIN IMMEDIATE")
         yield
+
+
+def lock_installs(connection: Connection) -> None:
+    """PostgreSQL: take the advisory lock every install holds until its transaction ends, so
+    installs and upgrades of the alkstore schema run one at a time."""
+    connection.execute(sa.text("SELECT pg_catalog.pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
 
 
 def run_environment(context: Any) -> None:
@@ -169,7 +182,7 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
             current = current_revision(connection, schema)
             connection.rollback()
             if current is not None and current not in packaged_revisions():
-                raise SchemaTooNew(_too_new_message(current))
+                raise SchemaTooNew(too_new_message(current))
             with connection.begin():
                 command.downgrade(alembic_config(connection, schema), revision)
     except sa.exc.DBAPIError as exc:
@@ -201,7 +214,7 @@ def _beyond_this_library(current: str, revision: str) -> None:
             "ships, so the migrations cannot continue from it: set it to the revision the tables "
             "match (`alembic stamp`)"
         )
-    raise SchemaTooNew(_too_new_message(current))
+    raise SchemaTooNew(too_new_message(current))
 
 
 def _driver_error(what: str, exc: sa.exc.DBAPIError) -> DatabaseError:
@@ -265,6 +278,18 @@ def packaged_revisions() -> frozenset[str]:
     return frozenset(r.revision for r in ScriptDirectory.from_config(alembic_config()).walk_revisions())
 
 
+def step_revision(step: int) -> str | None:
+    """The packaged revision id of schema step ``step`` (None for step 0: not installed);
+    ``InvalidOptions`` when this library ships no such step."""
+    if step == 0:
+        return None
+    for revision in packaged_revisions():
+        parsed = parse_revision(revision)
+        if parsed is not None and parsed[0] == step:
+            return revision
+    raise InvalidOptions(f"this alkstore_sa ships no schema step {step} (its head is {head_revision()})")
+
+
 _REVISION_ID = re.compile(r"alkstore_([0-9]{4})(?:_r([0-9]{4}))?")
 
 
@@ -301,7 +326,7 @@ def schema_verdict(current: str) -> Verdict:
     return "too new"
 
 
-def _too_new_message(current: str) -> str:
+def too_new_message(current: str) -> str:
     head = head_revision()
     parsed = parse_revision(current)
     if parsed is None or parsed[0] <= (parse_revision(head) or (0, 0))[0]:
@@ -321,16 +346,17 @@ def check_schema(connection: Connection, schema: str = DEFAULT_SCHEMA) -> None:
     tables), SchemaOutdated (older: migrate), SchemaTooNew (newer, and not usable by this
     version: upgrade the library). A newer schema whose steps are additive is accepted."""
     current = current_revision(connection, schema)
+    advice = install_advice(schema, connection.dialect.name)
     if current is None:
-        raise NotInstalled()
+        where = "" if connection.dialect.name == "sqlite" else f" (schema {schema!r})"
+        raise NotInstalled(f"alkstore tables are not installed in this database{where}: {advice}")
     verdict = schema_verdict(current)
     if verdict == "outdated":
         raise SchemaOutdated(
-            f"the alkstore schema in this database is at {current}, this library needs {head_revision()}: "
-            "run `alkstore migrate --url URL` (or your app's `alembic upgrade head`)"
+            f"the alkstore schema in this database is at {current}, this library needs {head_revision()}: {advice}"
         )
     if verdict == "too new":
-        raise SchemaTooNew(_too_new_message(current))
+        raise SchemaTooNew(too_new_message(current))
     if verdict == "newer":
         log.info(
             "the alkstore schema in this database (%s) is newer than this library's (%s); its later "

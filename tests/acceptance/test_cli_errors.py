@@ -374,6 +374,14 @@ def test_not_installed_is_one_line_exit_2(tmp_path: Path) -> None:
     assert "alkstore migrate" in line
 
 
+def test_not_installed_in_another_schema_names_it(pg_db: Target, tmp_path: Path) -> None:
+    """The advice for a store on a schema of its own says `--schema NAME` (without it,
+    `alkstore migrate` installs into the default schema and the store still finds none)."""
+    line = one_line_failure(alkstore("status", "--url", pg_db.url, "--schema", "nosuch", cwd=tmp_path), 2)
+    assert "`alkstore migrate --url URL --schema nosuch`" in line, line
+    assert "`alkstore alembic-revision --schema nosuch`" in line, line
+
+
 # -- handler paths ---------------------------------------------------------------------------------
 
 MODULES = {

@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from alkstore_sa import migrations
 from alkstore_sa.schema import VERSION_TABLE
 from tests.conftest import ENGINES, require_pg
-from tests.support import Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
+from tests.support import PG_URL, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
 
 ALKSTORE = Path(sys.executable).with_name("alkstore")
 HEAD = migrations.head_revision()
@@ -174,3 +176,42 @@ def test_outdated_schema_still_names_the_migration(fresh: Target) -> None:
     stamp(fresh, "alkstore_0000")
     with fresh.store() as store, pytest.raises(alk.SchemaOutdated, match="alkstore migrate"):
         store.check_schema()
+
+
+def _advised_migrate(message: str, db: Target) -> list[str]:
+    """The `alkstore migrate ...` command line a message advises, with the real URL."""
+    m = re.search(r"`(alkstore migrate [^`]*)`", message)
+    assert m, message
+    return [str(ALKSTORE), *(db.url if arg == "URL" else arg for arg in shlex.split(m.group(1))[1:])]
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_outdated_and_missing_schema_advice_works_as_given(kind: str, tmp_path: Path) -> None:
+    """The NotInstalled and SchemaOutdated messages name both install paths (the app's
+    Alembic chain with its `alkstore alembic-revision` step), and the `alkstore migrate`
+    they name installs or upgrades the store's own schema: `--schema NAME` when it is not
+    the default (was: the default schema's command, which left the store's schema as it was)."""
+    if kind == "sqlite":
+        url, schema = f"sqlite:///{tmp_path / 'advice.db'}", "alkstore"
+    else:
+        require_pg()
+        url, schema = PG_URL, new_pg_schema("advice")
+    db = Target(kind, url, sa.create_engine(url), schema)
+    try:
+        for error, prepare in ((alk.NotInstalled, None), (alk.SchemaOutdated, "alkstore_0001")):
+            if prepare is not None:
+                migrations.upgrade(db.engine, schema=db.schema, revision=prepare)  # an older step
+            with db.store() as store, pytest.raises(error) as info:
+                store.check_schema()
+            message = str(info.value)
+            assert type(info.value) is error
+            assert "`alkstore alembic-revision" in message and "`alembic upgrade head`" in message, message
+            assert ("--schema" in message) == (kind == "postgresql"), message  # a schema of its own
+            if prepare is not None:  # the advice, as given, brings the store's schema to head
+                subprocess.run(_advised_migrate(message, db), check=True, capture_output=True, timeout=120)
+                with db.store() as store:
+                    store.check_schema()
+    finally:
+        if kind == "postgresql":
+            drop_pg_schema(db)
+        db.engine.dispose()

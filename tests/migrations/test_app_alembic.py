@@ -106,6 +106,88 @@ def test_upgrade_check_downgrade(case: tuple[AlembicApp, str | None]) -> None:
     assert app.tables(schema) >= ALKSTORE_TABLES
 
 
+def _recorded(app: AlembicApp, schema: str | None) -> str | None:
+    engine = sa.create_engine(app.url)
+    try:
+        with engine.connect() as conn:
+            return migrations.current_revision(conn, schema or "alkstore")
+    finally:
+        engine.dispose()
+
+
+def test_chain_revision_skips_steps_alkstore_migrate_already_ran(case: tuple[AlembicApp, str | None]) -> None:
+    """An app whose chain is at an older alkstore step, and whose database was moved ahead
+    by `alkstore migrate` (the SchemaOutdated advice, or a deploy script): the chain's next
+    generated revision applies only the steps alkstore's version table does not record (was:
+    all of them again, "duplicate column name: unique_key"), never lowers the record, and
+    its downgrade still takes out exactly its steps."""
+    app, schema = case
+    opts = ["--schema", schema] if schema else []
+    first = app.generate(*opts, "--to-step", "1")
+    _ok(app.alembic("upgrade", "head"))
+    assert _recorded(app, schema) == "alkstore_0001"
+    engine = sa.create_engine(app.url)
+    migrations.upgrade(engine, schema=schema or "alkstore")  # what `alkstore migrate` does
+    engine.dispose()
+    assert _recorded(app, schema) == migrations.head_revision()
+
+    app.generate()  # steps 1 -> head, on top of the chain's step-1 revision
+    _ok(app.alembic("upgrade", "head"))
+    assert _recorded(app, schema) == migrations.head_revision()
+    assert "No new upgrade operations detected" in _ok(app.alembic("check"))
+    with alk.Store(app.url, schema=schema or "alkstore") as store:
+        store.check_schema()
+        job_id = store.queue("after-both").enqueue({"n": 1}, unique_key="k")
+        assert store.queue("after-both").enqueue({"n": 2}, unique_key="k") == job_id
+
+    _ok(app.alembic("downgrade", first))  # the later steps out: back at step 1
+    assert _recorded(app, schema) == "alkstore_0001"
+    _ok(app.alembic("downgrade", APP_REVISION))
+    assert not ALKSTORE_TABLES & app.tables(schema)
+    _ok(app.alembic("upgrade", "head"))  # and the whole chain runs again from nothing
+    assert _recorded(app, schema) == migrations.head_revision()
+
+
+def test_chain_revision_over_a_database_alkstore_migrate_installed(case: tuple[AlembicApp, str | None]) -> None:
+    """A database installed by `alkstore migrate` before the app adopted the recipe: plain
+    `alembic upgrade head` of the generated revisions runs nothing of alkstore's (no `stamp`
+    needed), and a revision to an older step leaves the newer record as it is."""
+    app, schema = case
+    opts = ["--schema", schema] if schema else []
+    _ok(app.alembic("upgrade", "head"))
+    engine = sa.create_engine(app.url)
+    migrations.upgrade(engine, schema=schema or "alkstore")
+    engine.dispose()
+    app.generate(*opts, "--to-step", "1")
+    _ok(app.alembic("upgrade", "head"))
+    assert _recorded(app, schema) == migrations.head_revision()  # not lowered to step 1
+    app.generate()
+    _ok(app.alembic("upgrade", "head"))
+    assert _recorded(app, schema) == migrations.head_revision()
+    assert "No new upgrade operations detected" in _ok(app.alembic("check"))
+
+
+def test_chain_downgrade_refuses_a_database_recorded_beyond_it(tmp_path: Path) -> None:
+    """Undoing the chain's step-1 revision under steps `alkstore migrate` ran later would
+    leave a schema no step describes: refused, nothing changed; once the chain has the
+    revision for those steps, the downgrade takes them all out."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'beyond.db'}", "sqlite")
+    app.generate("--to-step", "1")
+    _ok(app.alembic("upgrade", "head"))
+    engine = sa.create_engine(app.url)
+    migrations.upgrade(engine)
+    engine.dispose()
+    refused = app.alembic("downgrade", APP_REVISION)
+    said = refused.stdout + refused.stderr  # alembic prints its FAILED: line on stdout
+    assert refused.returncode != 0 and "FAILED" in said and "alkstore alembic-revision" in said, said
+    assert _recorded(app, None) == migrations.head_revision()
+    assert app.tables(None) >= ALKSTORE_TABLES
+    app.generate()
+    _ok(app.alembic("upgrade", "head"))
+    _ok(app.alembic("downgrade", APP_REVISION))
+    assert not ALKSTORE_TABLES & app.tables(None)
+
+
 def test_adopting_a_database_installed_by_alkstore_migrate(tmp_path: Path) -> None:
     """The documented path for a database whose alkstore tables came from `alkstore migrate`
     or Store.install(): generate the revision, then `alembic stamp` it (its steps already

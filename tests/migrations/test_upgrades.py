@@ -295,7 +295,8 @@ def test_app_chain_gets_exactly_the_new_step(
     text = second.read_text()
     first_rev = first.name.split("_alkstore_", 1)[0]
     assert f'down_revision = "{first_rev}"' in text and f'ALKSTORE_SCHEMA = "{schema}"' in text
-    assert f"steps.upgrade(to={migrations.steps.HEAD}, from_=1, schema=ALKSTORE_SCHEMA)" in text
+    assert f"ALKSTORE_STEPS = (1, {migrations.steps.HEAD})" in text
+    assert "upgrade_steps(*ALKSTORE_STEPS, schema=ALKSTORE_SCHEMA)" in text
     assert _ok(app.alembic("heads")).split() == [rev, "(head)"]
     assert alkstore_main(["alembic-revision", "-c", str(app.ini)]) == 0
     assert "nothing to generate" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 
 Installs alkstore's tables inside this application's migration chain: it calls alkstore's
 versioned steps (frozen once released), then records the schema version alkstore checks
-before its first operation. Do not edit. After upgrading alkstore_sa, run
+before its first operation (alkstore_0001). Steps that version already records (run by
+`alkstore migrate`, say) are skipped. Do not edit. After upgrading alkstore_sa, run
 `alkstore alembic-revision` again: it continues from ALKSTORE_STEPS below.
 
 Revision ID: 0002
@@ -12,8 +13,7 @@ Create Date: 2026-11-29 19:40:09 UTC
 
 from __future__ import annotations
 
-from alkstore_sa.alembic_support import record_version
-from alkstore_sa.migrations import steps
+from alkstore_sa.alembic_support import downgrade_steps, upgrade_steps
 
 revision = "0002"
 down_revision = "0001"
@@ -27,10 +27,8 @@ ALKSTORE_SCHEMA = "alkstore"
 
 
 def upgrade() -> None:
-    steps.upgrade(to=1, from_=0, schema=ALKSTORE_SCHEMA)
-    record_version(None, "alkstore_0001", schema=ALKSTORE_SCHEMA)
+    upgrade_steps(*ALKSTORE_STEPS, schema=ALKSTORE_SCHEMA)
 
 
 def downgrade() -> None:
-    record_version("alkstore_0001", None, schema=ALKSTORE_SCHEMA)
-    steps.downgrade(to=0, from_=1, schema=ALKSTORE_SCHEMA)
+    downgrade_steps(*ALKSTORE_STEPS, schema=ALKSTORE_SCHEMA)
