@@ -114,7 +114,8 @@ class Worker:
         concurrency = default_concurrency if concurrency is None else concurrency
         self.concurrency = v.int32(concurrency, "concurrency", minimum=1)
         self.batch_size = self.concurrency if batch_size is None else v.int32(batch_size, "batch_size", minimum=1)
-        self.worker_id = default_worker_id() if worker_id is None else v.worker_id(worker_id)
+        self._given_id = None if worker_id is None else v.worker_id(worker_id)
+        self._default_id = (os.getpid(), default_worker_id())  # (the process it names, the id)
         self.poll_interval = v.duration(poll_interval, "poll_interval", inclusive=False)
         self.shutdown_grace = v.duration(shutdown_grace, "shutdown_grace")
         self.registry_interval = v.duration(registry_interval, "registry_interval", inclusive=False)
@@ -128,6 +129,20 @@ class Worker:
         self._claimer: Claimer | None = None
         self._runner: Runner | None = None
 
+    @property
+    def worker_id(self) -> str:
+        """The id this worker claims, registers and logs under: the one given, else a default
+        (``host:pid:random``) of the process that asks. A Worker built in one process and run
+        in forked children (a pre-fork server, multiprocessing's fork start method) thus
+        takes a new id in each child, instead of every child claiming and registering under
+        the parent's; ``run()`` reads it once, so one run uses one id throughout."""
+        if self._given_id is not None:
+            return self._given_id
+        pid = os.getpid()
+        if self._default_id[0] != pid:
+            self._default_id = (pid, default_worker_id())
+        return self._default_id[1]
+
     def __repr__(self) -> str:
         return f"<alkstore_sa.Worker {self.worker_id!r} on {_names(self.queues)}>"
 
@@ -139,6 +154,7 @@ class Worker:
         claimable job and nothing runs (batch scripts, tests, cron-style runs)."""
         stop = StopToken() if stop is None else v.stop_token(stop)
         self.store.check_schema()
+        worker_id = self.worker_id  # this process's: claims, registry row, logs and spans alike
         nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop
         stop.on_stop(nudge.set)
         self._roster = Heartbeater()
@@ -165,14 +181,14 @@ class Worker:
             if observe.observer is not None:  # metrics: each job's wait since its run_at
                 for h in handles:
                     observe.started(h)
-            works = [self._dispatch.work(h, job_context(h, self.worker_id)) for h in handles]
+            works = [self._dispatch.work(h, job_context(h, worker_id)) for h in handles]
             tracer = _tracing.tracer
             if tracer is not None:  # alkstore_sa.tracing: a CONSUMER span per execution
                 _traced(tracer, works)
             runner.submit(works)
 
         claimer = Claimer(
-            self.queues, self.worker_id, batch_size=self.batch_size, poll_interval=self.poll_interval,
+            self.queues, worker_id, batch_size=self.batch_size, poll_interval=self.poll_interval,
             free=runner.free, busy=lambda: runner.busy, start=start, nudge=nudge,
         )
         self._claimer = claimer
@@ -180,34 +196,34 @@ class Worker:
             acker.ride_with = claimer.claim_along  # a batch of acks rides in the next claim's transaction
         watches = self._watch(claimer)
         registration = Registration(
-            self.store, self.worker_id, [q.name for q in self.queues], self.concurrency, self.registry_interval
+            self.store, worker_id, [q.name for q in self.queues], self.concurrency, self.registry_interval
         )
         registration.start()
         self._roster.start()
         acker.start()
-        log.info("worker %s started on %s (%sconcurrency %d)", self.worker_id, _names(self.queues),
+        log.info("worker %s started on %s (%sconcurrency %d)", worker_id, _names(self.queues),
                  "" if self.tasks is None else f"{len(self.tasks)} task(s), ", self.concurrency)
         try:
             claimer.run(stop, burst)
             if stop.stopped:
                 log.info(
                     "worker %s: stop requested; finishing %d in-flight job(s) (grace %gs)",
-                    self.worker_id, runner.busy, self.shutdown_grace,
+                    worker_id, runner.busy, self.shutdown_grace,
                 )
         finally:
-            self._drain(runner, acker)
+            self._drain(worker_id, runner, acker)
             self._roster.stop()
             registration.stop()
             self._unwatch(watches)
-            log.info("worker %s stopped after %d jobs", self.worker_id, self.processed)
+            log.info("worker %s stopped after %d jobs", worker_id, self.processed)
 
-    def _drain(self, runner: Runner, acker: Acker) -> None:
+    def _drain(self, worker_id: str, runner: Runner, acker: Acker) -> None:
         left = runner.wait_idle(self.shutdown_grace)  # pending acks hold their slots: written by now
         if left:
             log.warning(
                 "worker %s: %d job(s) still running after the %gs grace period; their claims "
                 "will lapse and another worker will retry them",
-                self.worker_id, left, self.shutdown_grace,
+                worker_id, left, self.shutdown_grace,
             )
         acker.stop()  # writes whatever is still pending (the grace period ran out on it)
         runner.stop()

@@ -5,6 +5,7 @@ refresh intervals and its row is deleted (not left to grow); a clean stop remove
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -149,6 +150,60 @@ def test_two_worker_processes_appear_and_a_killed_one_disappears(db: Target, qna
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        store.close()
+
+
+def _run_until_sigterm(worker: alk.Worker) -> None:
+    """A forked child's whole life: run the worker it inherited until SIGTERM."""
+    stop = alk.StopToken()
+    signal.signal(signal.SIGTERM, lambda *_: stop.stop())
+    worker.run(stop)
+
+
+def test_a_worker_run_in_forked_children_takes_a_default_id_in_each(
+    db: Target, qname: str, tmp_path: Path
+) -> None:
+    """A Worker built once and run in forked processes (a pre-fork server, multiprocessing's
+    fork start method) without an explicit worker_id: each child registers, claims and is
+    listed under an id of its own (its pid, not the parent's), so the registry shows every
+    child, one child's clean stop leaves the others' rows, and a job records the id of the
+    child that ran it."""
+    ran = tmp_path / "ran.txt"
+
+    def handler(job: alk.Job) -> None:
+        with open(ran, "a") as f:  # one short append per job: whole lines from any child
+            f.write(f"{os.getpid()} {job.worker_id}\n")
+
+    store = db.store()
+    worker = alk.Worker(store, qname, handler, concurrency=1, poll_interval=0.2)
+    built_as = worker.worker_id
+    children = [multiprocessing.get_context("fork").Process(target=_run_until_sigterm, args=(worker,)) for _ in range(3)]
+    try:
+        for child in children:
+            child.start()
+        pids = {child.pid for child in children}
+        _wait(lambda: {w.pid for w in store.workers()} == pids)
+        listed = {w.pid: w.id for w in store.workers()}
+        assert len(set(listed.values())) == 3, listed
+        for pid, wid in listed.items():
+            assert wid.startswith(f"{socket.gethostname()}:{pid}:"), (pid, wid)
+        q = store.queue(qname)
+        for n in range(6):
+            q.enqueue(n)
+        _wait(lambda: ran.exists() and len(ran.read_text().splitlines()) == 6)
+        for line in ran.read_text().splitlines():
+            pid, wid = line.split(" ")
+            assert listed[int(pid)] == wid, line  # claimed under the id it is listed by
+        children[0].terminate()
+        children[0].join(30)
+        assert children[0].exitcode == 0
+        assert {w.pid: w.id for w in store.workers()} == {c.pid: listed[c.pid] for c in children[1:]}
+        assert worker.worker_id == built_as  # the parent's own id is unchanged
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+            child.join(30)
         store.close()
 
 
