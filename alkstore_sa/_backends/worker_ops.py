@@ -25,8 +25,9 @@ class WorkerOps(Core):
     """Record, refresh, list and forget workers."""
 
     def worker_refresh(self, ex: Executor, params: Mapping[str, Any]) -> None:
-        """Insert or refresh ``:id``'s row (``started_at`` kept from the first insert) and
-        delete lapsed rows, in one transaction."""
+        """Insert or refresh ``:id``'s row and delete lapsed rows, in one transaction.
+        ``started_at`` is kept while the same process (hostname and pid) refreshes the row;
+        another process taking the id over is listed from its own start."""
         upsert = self.sql("worker_upsert", self._build_worker_upsert)
         sweep = self.sql(
             "worker_sweep",
@@ -51,6 +52,17 @@ class WorkerOps(Core):
         return ins.on_conflict_do_update(
             index_elements=[workers.c.id],
             set_={
+                # the row's start is this process's only if this process wrote it: a worker
+                # restarted under the same id before its old row lapsed (kill -9, then a
+                # systemd restart) must not show the dead process's started_at. The table's
+                # own columns here are the row before the update (both dialects).
+                "started_at": sa.case(
+                    (
+                        sa.and_(workers.c.hostname == ins.excluded.hostname, workers.c.pid == ins.excluded.pid),
+                        workers.c.started_at,
+                    ),
+                    else_=ins.excluded.started_at,
+                ),
                 "hostname": ins.excluded.hostname,
                 "pid": ins.excluded.pid,
                 "queues": ins.excluded.queues,

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -85,6 +85,30 @@ def test_refresh_moves_last_seen_and_keeps_started_at(db: Target, clock: FakeClo
         store.close()
 
 
+def test_a_row_taken_over_by_another_process_gets_that_process_start(db: Target, clock: FakeClock) -> None:
+    """started_at is kept only while the same process (hostname and pid) refreshes the row:
+    another process registering under the same id - a restart on this machine, or the
+    same pid on another one - is listed from its own start."""
+    store = db.store(clock=clock)
+    try:
+        first = Registration(store, "w-taken", ["q"], 1, interval=10.0)
+        first._refresh()
+        for takeover in ({"pid": first._params["pid"] + 1}, {"hostname": "elsewhere"}):
+            clock.advance(5.0)
+            other = Registration(store, "w-taken", ["q"], 1, interval=10.0)
+            other._params.update(takeover)
+            other._refresh()
+            (info,) = store.workers()
+            assert (info.hostname, info.pid) == (other._params["hostname"], other._params["pid"])
+            assert info.started_at == info.last_seen == datetime.fromtimestamp(clock.now, timezone.utc)
+            clock.advance(5.0)
+            other._refresh()  # that process's own refresh keeps its start
+            (info,) = store.workers()
+            assert info.started_at == datetime.fromtimestamp(clock.now - 5.0, timezone.utc)
+    finally:
+        store.close()
+
+
 def test_a_worker_that_stops_refreshing_is_gone_after_three_intervals_and_its_row_deleted(
     db: Target, clock: FakeClock
 ) -> None:
@@ -147,6 +171,41 @@ def test_two_worker_processes_appear_and_a_killed_one_disappears(db: Target, qna
         assert store.workers() == [] and _rows(db) == 0
     finally:
         for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        store.close()
+
+
+def test_a_restart_under_the_same_id_is_listed_from_its_own_start(db: Target, qname: str) -> None:
+    """A worker with a fixed id killed (SIGKILL) and restarted before its row lapsed (a
+    systemd or Kubernetes restart): the new process is listed with its own pid and its own
+    started_at, not the dead one's; it stops cleanly and removes the row."""
+    store = db.store()
+
+    def spawn() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), db.url, db.schema, qname, "w-restarted", "10"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    procs = [spawn()]
+    try:
+        _wait(lambda: [w.pid for w in store.workers()] == [procs[0].pid])
+        (dead,) = store.workers()
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(30)
+        time.sleep(1.0)  # the restart comes a moment later; the old row lives for 30 s
+        procs.append(spawn())
+        _wait(lambda: [w.pid for w in store.workers()] == [procs[1].pid])
+        (restarted,) = store.workers()
+        assert restarted.id == "w-restarted"
+        assert restarted.started_at - dead.started_at >= timedelta(seconds=1.0), (dead, restarted)
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(60) == 0, procs[1].stderr.read() if procs[1].stderr else ""
+        assert store.workers() == [] and _rows(db) == 0
+    finally:
+        for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
