@@ -73,8 +73,18 @@ class WorkerOps(Core):
         )
 
     def worker_remove(self, ex: Executor, params: Mapping[str, Any]) -> int:
-        """Delete ``:id``'s row (a worker that stopped cleanly); how many rows went."""
-        sql = self.sql("worker_remove", lambda: sa.delete(workers).where(workers.c.id == bp("id", sa.Text)))
+        """Delete ``:id``'s row if this process (``:hostname``, ``:pid``) wrote it last (a
+        worker that stopped cleanly); how many rows went."""
+        sql = self.sql(
+            "worker_remove",
+            lambda: sa.delete(workers).where(
+                workers.c.id == bp("id", sa.Text),
+                # workers sharing an id share its row: another process's latest refresh
+                # means that worker still runs, so its row stays
+                workers.c.hostname == bp("hostname", sa.Text),
+                workers.c.pid == bp("pid", sa.Integer),
+            ),
+        )
         return ex.rowcount(sql, params)
 
     def workers_live(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

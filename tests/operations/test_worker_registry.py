@@ -141,20 +141,44 @@ def test_registry_interval_must_be_positive_and_at_most_30s(db: Target, bad: obj
         store.close()
 
 
+class _Processes:
+    """Worker processes (registry_worker.py) of one test; ``close()`` kills what is left."""
+
+    def __init__(self, db: Target, queue: str) -> None:
+        self.db, self.queue = db, queue
+        self.started: list[subprocess.Popen[str]] = []
+
+    def spawn(self, worker_id: str, interval: float) -> subprocess.Popen[str]:
+        db = self.db
+        p = subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), db.url, db.schema, self.queue, worker_id, str(interval)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.started.append(p)
+        return p
+
+    @staticmethod
+    def stop(p: subprocess.Popen[str]) -> None:
+        """SIGTERM: a clean stop, exit 0."""
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 0, p.stderr.read() if p.stderr else ""
+
+    def close(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_two_worker_processes_appear_and_a_killed_one_disappears(db: Target, qname: str) -> None:
     """Across processes, on the database's own clock: both register; after a SIGKILL the
     killed one (which never removes its row) is still listed until three refresh intervals
     pass, then gone, and the survivor's refresh deletes its row; SIGTERM removes the other."""
     interval = 1.0
     store = db.store()
-    procs = {
-        wid: subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), db.url, db.schema, qname, wid, str(interval)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for wid in ("reg-a", "reg-b")
-    }
+    run = _Processes(db, qname)
     try:
+        procs = {wid: run.spawn(wid, interval) for wid in ("reg-a", "reg-b")}
         _wait(lambda: {w.id for w in store.workers()} == {"reg-a", "reg-b"}, timeout=60)
         pids = {w.id: w.pid for w in store.workers()}
         assert pids == {wid: p.pid for wid, p in procs.items()}
@@ -166,14 +190,10 @@ def test_two_worker_processes_appear_and_a_killed_one_disappears(db: Target, qna
         # before the kill), and not left in the table: the survivor's refresh deletes it
         assert time.monotonic() - killed_at >= 2 * interval - 0.25
         _wait(lambda: _rows(db) == 1, timeout=30)
-        procs["reg-b"].send_signal(signal.SIGTERM)
-        assert procs["reg-b"].wait(60) == 0, procs["reg-b"].stderr.read() if procs["reg-b"].stderr else ""
+        run.stop(procs["reg-b"])
         assert store.workers() == [] and _rows(db) == 0
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        run.close()
         store.close()
 
 
@@ -182,33 +202,74 @@ def test_a_restart_under_the_same_id_is_listed_from_its_own_start(db: Target, qn
     systemd or Kubernetes restart): the new process is listed with its own pid and its own
     started_at, not the dead one's; it stops cleanly and removes the row."""
     store = db.store()
-
-    def spawn() -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), db.url, db.schema, qname, "w-restarted", "10"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-
-    procs = [spawn()]
+    run = _Processes(db, qname)
     try:
-        _wait(lambda: [w.pid for w in store.workers()] == [procs[0].pid])
+        first = run.spawn("w-restarted", 10.0)  # its row lives 30 s past each refresh
+        _wait(lambda: [w.pid for w in store.workers()] == [first.pid])
         (dead,) = store.workers()
-        procs[0].send_signal(signal.SIGKILL)
-        procs[0].wait(30)
-        time.sleep(1.0)  # the restart comes a moment later; the old row lives for 30 s
-        procs.append(spawn())
-        _wait(lambda: [w.pid for w in store.workers()] == [procs[1].pid])
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        time.sleep(1.0)  # the restart comes a moment later
+        second = run.spawn("w-restarted", 10.0)
+        _wait(lambda: [w.pid for w in store.workers()] == [second.pid])
         (restarted,) = store.workers()
         assert restarted.id == "w-restarted"
         assert restarted.started_at - dead.started_at >= timedelta(seconds=1.0), (dead, restarted)
-        procs[1].send_signal(signal.SIGTERM)
-        assert procs[1].wait(60) == 0, procs[1].stderr.read() if procs[1].stderr else ""
+        run.stop(second)
         assert store.workers() == [] and _rows(db) == 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        run.close()
+        store.close()
+
+
+def test_a_stop_leaves_the_row_of_another_process_with_the_same_id(db: Target, qname: str) -> None:
+    """Two processes under one worker_id share one row (the registry's identity is the id),
+    which shows the latest refresher. When the other process stops cleanly it must not
+    delete the row the still-running one wrote."""
+    store = db.store()
+    run = _Processes(db, qname)
+    try:
+        first = run.spawn("w-shared", 10.0)
+        _wait(lambda: [w.pid for w in store.workers()] == [first.pid])
+        second = run.spawn("w-shared", 10.0)
+        _wait(lambda: [w.pid for w in store.workers()] == [second.pid])  # its start took the row over
+        run.stop(first)
+        assert [(w.id, w.pid) for w in store.workers()] == [("w-shared", second.pid)]
+        run.stop(second)
+        assert store.workers() == [] and _rows(db) == 0
+    finally:
+        run.close()
+        store.close()
+
+
+def test_a_stop_leaves_the_row_of_another_running_worker_of_this_process_with_the_same_id(
+    db: Target, qname: str
+) -> None:
+    """Two workers of one process under one worker_id (same hostname and pid, one row): the
+    first to stop leaves the row while the other runs; the last one's stop removes it."""
+    store = db.store()
+    runs = []
+    try:
+        for queue in (qname, qname + "-b"):
+            worker = alk.Worker(store, queue, lambda job: None, concurrency=1, worker_id="w-twice")
+            stop = alk.StopToken()
+            thread = threading.Thread(target=worker.run, args=(stop,))
+            thread.start()
+            runs.append((stop, thread))
+            _wait(lambda q=queue: [w.queues for w in store.workers()] == [(q,)])  # type: ignore[misc]
+        stop, thread = runs[0]
+        stop.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        assert [(w.id, w.queues) for w in store.workers()] == [("w-twice", (qname + "-b",))]
+        stop, thread = runs[1]
+        stop.stop()
+        thread.join(30)
+        assert store.workers() == [] and _rows(db) == 0
+    finally:
+        for stop, thread in runs:
+            stop.stop()
+            thread.join(30)
         store.close()
 
 
