@@ -2,7 +2,8 @@
 behind it with the library's defaults (no prepared-statement collisions across clients);
 LISTEN through it delivers nothing, which the listener's round-trip probe detects and logs
 once while workers drain by polling; a direct listener connection beside a pooled engine
-gets every notification.
+gets every notification; asyncpg application processes set up as docs/pgbouncer.md says
+enqueue in their own transactions without an error.
 
 The PgBouncer is the one ``.ci/run`` started (``ALKSTORE_TEST_PGBOUNCER_URL``), else a
 private one on a free loopback port; without the ``pgbouncer`` package these tests skip
@@ -10,10 +11,13 @@ with that reason outside CI and fail under CI."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -27,6 +31,8 @@ DELIVERY = 10.0
 THREADS = 8
 HAMMER_SECONDS = 3.0
 NO_PREPARE = {"prepare_threshold": None}  # isolates the listener tests from statement caching
+# docs/pgbouncer.md's asyncpg settings: SQLAlchemy's statement cache off, asyncpg's unnamed statements
+ASYNCPG_SETTINGS = {"prepared_statement_cache_size": 0, "statement_cache_size": 0}
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +140,75 @@ def test_a_direct_listener_beside_a_pooled_engine_gets_notifications(
         store.close()
         engine.dispose()
     assert not [r for r in caplog.records if "LISTEN does not work" in r.getMessage()]
+
+
+def _aenqueue_through(url: str, schema: str, queue: str, connect_args: dict[str, object]) -> list[str]:
+    """One application process: an asyncpg engine through the pooler, three sessions each
+    enqueueing in 30 transactions of their own; the errors, as text."""
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    async def app() -> list[str]:
+        engine = create_async_engine(url, pool_size=3, max_overflow=0, connect_args=connect_args)
+        store = alk.Store(engine, schema=schema)
+        errors: list[str] = []
+
+        async def session(n: int) -> None:
+            for i in range(30):
+                try:
+                    async with AsyncSession(engine) as s, s.begin():
+                        await alk.aenqueue(s, store.queue(queue), {"session": n, "i": i})
+                except Exception as exc:  # noqa: BLE001 - every error is the finding
+                    errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+        try:
+            await asyncio.gather(*(session(n) for n in range(3)))
+        finally:
+            store.close()
+            await engine.dispose()
+        return errors
+
+    return asyncio.run(app())
+
+
+def _app_process(url: str, schema: str, queue: str, out: Any) -> None:
+    out.put(_aenqueue_through(url, schema, queue, ASYNCPG_SETTINGS))
+
+
+def test_asyncpg_set_up_as_documented_enqueues_through_transaction_pooling(
+    bouncer: pgbouncer.Bouncer, pg: Target
+) -> None:
+    """docs/pgbouncer.md's asyncpg setup: four application processes, each an asyncpg
+    engine through the pooler with the two settings in connect_args and a Store on it,
+    enqueue in their own transactions with alk.aenqueue: not one error (SQLAlchemy's
+    statement cache gave 'prepared statement ... does not exist', asyncpg's named
+    statements 'already exists' across processes). The same option in the URL is refused
+    by Store(async_engine), with the way out in the message."""
+    url = sa.make_url(bouncer.url).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+    queue = "asyncpg-pooled"
+    spawn = multiprocessing.get_context("spawn")  # fresh interpreters, as application processes are
+    out = spawn.Queue()
+    procs = [spawn.Process(target=_app_process, args=(url, pg.schema, queue, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        errors = [e for _ in procs for e in out.get(timeout=60)]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert not errors, f"{len(errors)} errors; first: {errors[:3]}"
+    store = alk.Store(pg.engine, schema=pg.schema)
+    try:
+        assert store.queue(queue).stats().ready == 4 * 3 * 30
+    finally:
+        store.close()
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    in_url = create_async_engine(url + "?prepared_statement_cache_size=0")
+    try:
+        with pytest.raises(alk.InvalidOptions, match="prepared_statement_cache_size.*register"):
+            alk.Store(in_url, schema=pg.schema)
+    finally:
+        asyncio.run(in_url.dispose())
