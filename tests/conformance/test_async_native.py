@@ -234,6 +234,40 @@ def test_run_sync_keeps_working_on_asyncpg(_pg_module_target: Target) -> None:
         assert store.queue(name).get_job(job_id) is not None
 
 
+def test_an_asyncpg_engine_kept_across_worker_runs_needs_disposing_between_them(_pg_module_target: Target) -> None:
+    """docs/worker.md: each ``run()`` has an event loop of its own, so an async task using an
+    asyncpg engine made outside it gets the previous run's connection in the next run and
+    fails ('attached to a different loop'); ``sync_engine.dispose(close=False)`` between
+    the runs is the documented remedy."""
+    target = _pg_module_target
+    engine = create_async_engine(async_url("asyncpg", target))
+    tasks = alk.Tasks()
+    name = _qname()
+
+    @tasks.task(queue=name, max_attempts=1)
+    async def query(run: int) -> None:
+        async with AsyncSession(engine) as session:
+            await session.execute(sa.text("SELECT 1"))
+
+    def run_once(store: alk.Store, run: int) -> list[str]:
+        query.enqueue(store, run)
+        alk.Worker(store, tasks, concurrency=1).run(alk.StopToken(), burst=True)
+        dead = store.queue(name).dead_jobs()
+        for j in dead:
+            store.queue(name).delete_dead(j.id)
+        return [" / ".join(e["error"] for e in j.errors) for j in dead]
+
+    with target.store() as store:
+        assert run_once(store, 0) == []
+        (error,) = run_once(store, 1)  # the engine's pooled connection is the first run's
+        assert "attached to a different loop" in error
+        engine.sync_engine.dispose(close=False)
+        assert run_once(store, 2) == []
+        engine.sync_engine.dispose(close=False)
+        assert run_once(store, 3) == []
+    engine.sync_engine.dispose(close=False)
+
+
 # -- mixing sync and async forms ------------------------------------------------------------
 
 
