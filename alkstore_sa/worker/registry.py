@@ -29,11 +29,12 @@ log = logging.getLogger("alkstore_sa")
 
 LAPSE_INTERVALS = 3  # a row not refreshed for this many intervals is gone
 
-# How many registrations of this process hold each worker id (started, not yet stopped),
-# whichever store they are on: a row is kept while another one of its id runs, at worst
+# How many registrations of this process hold each row — a worker id in one registry table
+# (the database and schema a store is on; two stores on different ones hold different
+# rows) — started and not yet stopped: a row is kept while another one of it runs, at worst
 # until it lapses. _lock covers the count and the delete that depends on it, so a
 # registration starting meanwhile writes its row after that delete.
-_running: dict[str, int] = {}
+_running: dict[tuple[str, str, str], int] = {}
 _lock = threading.Lock()
 
 
@@ -62,6 +63,9 @@ class Registration:
             "concurrency": concurrency,
             "ttl": LAPSE_INTERVALS * interval,
         }
+        # the row: the worker id in this store's registry table (its database and schema)
+        url = store.engine.url.render_as_string(hide_password=True)
+        self._row = (url, store.schema, worker_id)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
@@ -75,7 +79,7 @@ class Registration:
         """Write the row now (the worker is listed once ``run()`` is under way), then keep
         refreshing it in the background."""
         with _lock:  # counted before the row is written: see _running
-            _running[self._params["id"]] = _running.get(self._params["id"], 0) + 1
+            _running[self._row] = _running.get(self._row, 0) + 1
         self._started = True
         self._refresh()
         self._thread = threading.Thread(
@@ -94,10 +98,10 @@ class Registration:
         self._started = False
         wid = self._params["id"]
         with _lock:
-            _running[wid] -= 1
-            if _running[wid]:
-                return  # another worker of this process runs under this id: its row
-            del _running[wid]
+            _running[self._row] -= 1
+            if _running[self._row]:
+                return  # another worker of this process runs under this id here: its row
+            del _running[self._row]
             try:
                 with self.store.executor(retry=True) as ex:
                     self.store.backend.worker_remove(

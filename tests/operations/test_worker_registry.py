@@ -20,7 +20,7 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa.worker.registry import Registration
-from tests.support import FakeClock, Target
+from tests.support import FakeClock, Target, sqlite_target
 
 WORKER_SCRIPT = Path(__file__).with_name("registry_worker.py")
 
@@ -271,6 +271,37 @@ def test_a_stop_leaves_the_row_of_another_running_worker_of_this_process_with_th
             stop.stop()
             thread.join(30)
         store.close()
+
+
+def test_a_stop_removes_its_row_though_a_worker_of_the_same_id_runs_on_another_store(
+    db: Target, tmp_path: Path, qname: str
+) -> None:
+    """The same worker_id on two databases is two rows: the worker running on the other
+    store (another SQLite file) does not keep this store's row after this worker's stop."""
+    other = sqlite_target(str(tmp_path))
+    stores = [db.store(), other.store()]
+    runs = []
+    try:
+        for store in stores:
+            worker = alk.Worker(store, qname, lambda job: None, concurrency=1, worker_id="w-two-dbs")
+            stop = alk.StopToken()
+            thread = threading.Thread(target=worker.run, args=(stop,))
+            thread.start()
+            runs.append((stop, thread))
+            _wait(lambda s=store: [w.id for w in s.workers()] == ["w-two-dbs"])  # type: ignore[misc]
+        stop, thread = runs[0]
+        stop.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        assert stores[0].workers() == [] and _rows(db) == 0
+        assert [w.id for w in stores[1].workers()] == ["w-two-dbs"]
+    finally:
+        for stop, thread in runs:
+            stop.stop()
+            thread.join(30)
+        for store in stores:
+            store.close()
+        other.engine.dispose()
 
 
 def _run_until_sigterm(worker: alk.Worker) -> None:
