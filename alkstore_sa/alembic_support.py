@@ -22,6 +22,8 @@ For the application's ``env.py``:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,6 +41,8 @@ from .schema import DEFAULT_SCHEMA, VERSION_TABLE
 
 TABLE_PREFIX = "alkstore_"
 """Every alkstore table (its version table included) is named with this reserved prefix."""
+
+_SAVEPOINT = "alkstore_steps"
 
 _PARENT_TABLE_TYPES = ("column", "index", "unique_constraint", "foreign_key_constraint")
 
@@ -115,7 +119,13 @@ def upgrade_steps(from_step: int, to_step: int, *, schema: str | None) -> None:
     that ``alkstore migrate`` (or ``Store.install()``, or a newer release) moved ahead of the
     chain gets only what it lacks, and its record is never lowered, so the two install paths
     cannot conflict. Offline (``--sql``) nothing can be read: the script is written for a
-    database where the chain left it, as the revision says."""
+    database where the chain left it, as the revision says. All or nothing on every engine
+    (see :func:`_all_or_nothing`)."""
+    with _all_or_nothing():
+        _upgrade(from_step, to_step, schema)
+
+
+def _upgrade(from_step: int, to_step: int, schema: str | None) -> None:
     recorded = _recorded(schema)
     if recorded is None:
         steps.upgrade(to=to_step, from_=from_step, schema=schema)
@@ -134,7 +144,12 @@ def downgrade_steps(from_step: int, to_step: int, *, schema: str | None) -> None
     steps the version table records are undone (none when the database is already at
     ``from_step`` or below); a database recorded beyond ``to_step`` is refused before
     anything changes, since undoing steps under later ones would leave a schema that no
-    step describes."""
+    step describes. All or nothing, as :func:`upgrade_steps`."""
+    with _all_or_nothing():
+        _downgrade(from_step, to_step, schema)
+
+
+def _downgrade(from_step: int, to_step: int, schema: str | None) -> None:
     recorded = _recorded(schema)
     if recorded is None:
         record_version(migrations.step_revision(to_step), migrations.step_revision(from_step), schema=schema)
@@ -153,6 +168,40 @@ def downgrade_steps(from_step: int, to_step: int, *, schema: str | None) -> None
         return
     record_version(revision, migrations.step_revision(from_step), schema=schema)
     steps.downgrade(to=from_step, from_=step, schema=schema)
+
+
+@contextmanager
+def _all_or_nothing() -> Iterator[None]:
+    """The steps and their version record as one unit on SQLite, whatever transaction the
+    app's env.py runs the revision in.
+
+    Alembic's SQLite impl has ``transactional_ddl`` False, and Python's sqlite3 module
+    opens no transaction before DDL: under the documented env.py every CREATE TABLE
+    committed on its own, so a revision failing part-way left the earlier steps' tables
+    behind with no version recorded anywhere, and every later ``alembic upgrade head`` or
+    ``alkstore migrate`` met "table ... already exists". A SAVEPOINT begins a transaction
+    when none is open and nests inside one that is (``transactional_ddl`` forced on, an
+    app's ``begin`` hook emitting BEGIN, ``alkstore migrate``'s BEGIN IMMEDIATE): on
+    failure everything since is rolled back. Where the savepoint began the transaction its
+    RELEASE commits it, before Alembic writes the app's ``alembic_version``; a crash between
+    the two leaves alkstore's own record, from which the revision's next run skips its steps.
+    The version read runs inside the savepoint too, so a concurrent install makes this one
+    fail (SQLite's stale-snapshot busy error) instead of running steps twice.
+
+    Offline (``--sql``) the SAVEPOINT and RELEASE are written into the script, so a runner
+    that stops at the first error (``sqlite3 -bail``, ``executescript``) applies nothing of
+    it. PostgreSQL's DDL is transactional in Alembic's own transaction: nothing to add.
+    """
+    context = op.get_context()
+    if context.dialect.name != "sqlite":
+        yield
+    elif context.as_sql:
+        op.execute(f"SAVEPOINT {_SAVEPOINT}")
+        yield
+        op.execute(f"RELEASE {_SAVEPOINT}")
+    else:
+        with op.get_bind().begin_nested():
+            yield
 
 
 def _recorded(schema: str | None) -> tuple[str | None, int] | None:

@@ -41,8 +41,12 @@ orders = sa.Table(
 """
 
 # A standard env.py plus alkstore's two lines; APP_ALKSTORE_FILTER=off drops the autogenerate
-# filter so a test can show what it protects against.
+# filter so a test can show what it protects against. APP_CONFIGURE (JSON) adds keywords to
+# context.configure (transactional_ddl, transaction_per_migration), APP_SQLITE_BEGIN=on
+# takes SQLAlchemy's pysqlite recipe (the driver's own transaction handling off, BEGIN in a
+# `begin` event): the transaction settings an app's env.py may have.
 ENV = """\
+import json
 import os
 
 import sqlalchemy as sa
@@ -53,6 +57,7 @@ from app_models import metadata
 
 url = os.environ["APP_DATABASE_URL"]
 name_filter = include_name if os.environ.get("APP_ALKSTORE_FILTER", "on") == "on" else None
+configure_kw = json.loads(os.environ.get("APP_CONFIGURE", "{}"))
 
 if context.is_offline_mode():
     context.configure(url=url, target_metadata=metadata, literal_binds=True, include_name=name_filter)
@@ -60,9 +65,17 @@ if context.is_offline_mode():
         context.run_migrations()
 else:
     engine = sa.create_engine(url)
+    if os.environ.get("APP_SQLITE_BEGIN") == "on":
+        @sa.event.listens_for(engine, "connect")
+        def _no_driver_transactions(dbapi_connection, record):
+            dbapi_connection.isolation_level = None
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn):
+            conn.exec_driver_sql("BEGIN")
     with engine.connect() as connection:
         enable_wal(connection)
-        context.configure(connection=connection, target_metadata=metadata, include_name=name_filter)
+        context.configure(connection=connection, target_metadata=metadata, include_name=name_filter, **configure_kw)
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()
@@ -107,8 +120,11 @@ class AlembicApp:
     def versions(self) -> Path:
         return self.root / "migrations" / "versions"
 
-    def alembic(self, *args: str, alkstore_filter: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "APP_DATABASE_URL": self.url, "APP_ALKSTORE_FILTER": "on" if alkstore_filter else "off"}
+    def alembic(
+        self, *args: str, alkstore_filter: bool = True, env_vars: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "APP_DATABASE_URL": self.url, "APP_ALKSTORE_FILTER": "on" if alkstore_filter else "off",
+               **(env_vars or {})}
         return subprocess.run(
             [ALEMBIC, "-c", str(self.ini), *args], cwd=self.root, env=env,
             capture_output=True, text=True, timeout=120,

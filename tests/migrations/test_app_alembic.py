@@ -167,6 +167,65 @@ def test_chain_revision_over_a_database_alkstore_migrate_installed(case: tuple[A
     assert "No new upgrade operations detected" in _ok(app.alembic("check"))
 
 
+# The transaction settings an app's env.py may run a SQLite chain with (alembic_app.ENV):
+# the recipe as documented (Alembic's SQLite default, transactional_ddl False: a transaction
+# per migration that the pysqlite driver only opens at the first INSERT, so DDL autocommits),
+# transactional_ddl forced on (one SQLAlchemy transaction for the run, the driver still
+# BEGIN-less before DDL), and SQLAlchemy's pysqlite recipe (driver handling off, BEGIN in a
+# `begin` event: the steps run inside a real transaction).
+SQLITE_TRANSACTIONS = {
+    "recipe": {},
+    "transactional-ddl": {"APP_CONFIGURE": '{"transactional_ddl": true, "transaction_per_migration": true}'},
+    "begin-event": {"APP_SQLITE_BEGIN": "on"},
+}
+
+
+@pytest.mark.parametrize("env_vars", SQLITE_TRANSACTIONS.values(), ids=SQLITE_TRANSACTIONS.keys())
+def test_chain_revision_is_all_or_nothing_on_sqlite(env_vars: dict[str, str], tmp_path: Path) -> None:
+    """A generated revision failing part-way on SQLite (here step 3's CREATE TABLE
+    alkstore_workers meets a table of that name: a stand-in for a crash or a full disk)
+    leaves none of its steps behind, whatever transaction the app's env.py runs it in (was:
+    steps 1 and 2 stayed, no version recorded anywhere, and every later `alembic upgrade
+    head` or `alkstore migrate` failed with "table alkstore_jobs already exists"); once the
+    cause is gone the next run installs everything. Its downgrade likewise."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'atomic.db'}", "sqlite")
+    _ok(app.alembic("upgrade", "head", env_vars=env_vars))  # the app's own revision
+    engine = sa.create_engine(app.url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE alkstore_workers (x)")
+    app.generate()
+
+    failed = app.alembic("upgrade", "head", env_vars=env_vars)
+    assert failed.returncode != 0 and "alkstore_workers already exists" in failed.stdout + failed.stderr
+    assert ALKSTORE_TABLES & app.tables(None) == {"alkstore_workers"}  # only the conflict itself
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == APP_REVISION
+
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE alkstore_workers")
+    _ok(app.alembic("upgrade", "head", env_vars=env_vars))
+    assert app.tables(None) >= ALKSTORE_TABLES
+    assert _recorded(app, None) == migrations.head_revision()
+    with alk.Store(engine) as store:
+        store.check_schema()
+        job_id = store.queue("atomic").enqueue({"n": 1}, unique_key="k")
+        assert store.queue("atomic").enqueue({"n": 2}, unique_key="k") == job_id
+
+    with engine.begin() as conn:  # step 3's downgrade will fail at its last statement
+        conn.exec_driver_sql("DROP TABLE alkstore_workers")
+    failed = app.alembic("downgrade", APP_REVISION, env_vars=env_vars)
+    assert failed.returncode != 0 and "alkstore_workers" in failed.stdout + failed.stderr
+    assert app.tables(None) >= ALKSTORE_TABLES - {"alkstore_workers"}  # the version table too
+    assert _recorded(app, None) == migrations.head_revision()
+    with engine.connect() as conn:  # step 3's columns are still there
+        assert "trace_context" in {c["name"] for c in sa.inspect(conn).get_columns("alkstore_jobs")}
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE alkstore_workers (x)")
+    _ok(app.alembic("downgrade", APP_REVISION, env_vars=env_vars))
+    assert not ALKSTORE_TABLES & app.tables(None)
+    engine.dispose()
+
+
 def test_chain_downgrade_refuses_a_database_recorded_beyond_it(tmp_path: Path) -> None:
     """Undoing the chain's step-1 revision under steps `alkstore migrate` ran later would
     leave a schema no step describes: refused, nothing changed; once the chain has the
@@ -223,11 +282,16 @@ def test_offline_sql_renders_alkstore_ddl(kind: str, tmp_path: Path) -> None:
     assert f"INSERT INTO {q}{VERSION_TABLE} (version_num) VALUES ('{migrations.head_revision()}')" in up
     assert f"CREATE UNIQUE INDEX alkstore_jobs_unique_ix ON {q}alkstore_jobs (queue, unique_key) WHERE unique_key IS NOT NULL" in up
     assert f"UPDATE alembic_version SET version_num='{rev}'" in up
+    if kind == "sqlite":  # the steps as one unit for a runner that stops at an error (sqlite3 -bail)
+        assert up.index("CREATE TABLE app_orders") < up.index("SAVEPOINT alkstore_steps;") < up.index("CREATE TABLE alkstore_jobs")
+        assert up.index(f"INSERT INTO {VERSION_TABLE}") < up.index("RELEASE alkstore_steps;") < up.index("UPDATE alembic_version")
     assert not (tmp_path / "never.db").exists()
 
     down = _ok(app.alembic("downgrade", f"{rev}:{APP_REVISION}", "--sql"))
     assert f"DROP TABLE {q}{VERSION_TABLE}" in down and f"DROP TABLE {q}alkstore_jobs" in down
     assert "DROP TABLE app_orders" not in down
+    if kind == "sqlite":
+        assert down.index("SAVEPOINT alkstore_steps;") < down.index(f"DROP TABLE {VERSION_TABLE}") < down.index("RELEASE alkstore_steps;")
 
 
 def test_generator_continues_from_the_marker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
