@@ -78,11 +78,12 @@ def enable_wal(connection: Connection) -> None:
     """Switch a SQLite database to WAL mode (persistent in the file); no-op elsewhere.
 
     Call it in env.py right after ``engine.connect()``: inside a transaction SQLite silently
-    keeps its old journal mode, and Alembic runs migrations inside one.
+    keeps its old journal mode, and Alembic runs migrations inside one. Works under the
+    driver's own transaction handling and under SQLAlchemy's pysqlite recipe (BEGIN emitted
+    in a ``begin`` event) alike.
     """
     if connection.dialect.name == "sqlite":
-        connection.exec_driver_sql("PRAGMA journal_mode=WAL")
-        connection.commit()
+        migrations.enable_wal(connection)
 
 
 def sync_url(url: str | URL) -> URL:

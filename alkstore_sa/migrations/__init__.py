@@ -89,7 +89,7 @@ def installing(connection: Connection, schema: str) -> Iterator[None]:
     WAL mode first (persistent in the file, impossible inside a transaction), then
     BEGIN IMMEDIATE (the writer lock)."""
     if connection.dialect.name == "sqlite":
-        _enable_wal(connection)
+        enable_wal(connection)
     with connection.begin():
         if connection.dialect.name == "postgresql":
             lock_installs(connection)
@@ -157,7 +157,7 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
     try:
         with engine.connect() as connection:
             if connection.dialect.name == "sqlite":
-                _enable_wal(connection)  # also for an installed file that is not in WAL mode yet
+                enable_wal(connection)  # also for an installed file that is not in WAL mode yet
             current = current_revision(connection, schema)
             connection.rollback()  # the read's transaction ends before the install's begins
             target = head_revision() if revision in ("head", "heads") else revision
@@ -191,10 +191,19 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
         raise InvalidOptions(f"alkstore migrations: {exc}") from exc
 
 
-def _enable_wal(connection: Connection) -> None:
-    """SQLite: WAL mode is persistent in the file and cannot be switched inside a transaction."""
-    connection.exec_driver_sql("PRAGMA journal_mode=WAL")
-    connection.commit()
+def enable_wal(connection: Connection) -> None:
+    """SQLite: WAL mode is persistent in the file and cannot be switched inside a transaction,
+    so whatever the caller had open is committed first."""
+    if connection.in_transaction():
+        connection.commit()
+    # On the DBAPI connection, not through Connection.exec_driver_sql: that autobegins
+    # SQLAlchemy's transaction, and a `begin` hook (SQLAlchemy's pysqlite recipe) would then
+    # emit BEGIN before the PRAGMA, which SQLite refuses inside a transaction.
+    cursor = connection.connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+    finally:
+        cursor.close()
 
 
 def _beyond_this_library(current: str, revision: str) -> None:

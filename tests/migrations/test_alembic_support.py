@@ -15,7 +15,7 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 
 from alkstore_sa import migrations
-from alkstore_sa.alembic_support import include_name, include_object, record_version
+from alkstore_sa.alembic_support import enable_wal, include_name, include_object, record_version
 from alkstore_sa.schema import VERSION_TABLE
 from tests.conftest import require_pg
 from tests.support import PG_URL, Target, new_pg_schema
@@ -113,3 +113,31 @@ def test_record_version_offline(dialect: str) -> None:
     assert f"INSERT INTO {q}{VERSION_TABLE} (version_num) VALUES ('alkstore_0001')" in sql
     assert f"UPDATE {q}{VERSION_TABLE} SET version_num='alkstore_0002'" in sql
     assert f"DROP TABLE {q}{VERSION_TABLE}" in sql
+
+
+@pytest.mark.parametrize("begin_event", [False, True], ids=["driver-transactions", "begin-event"])
+def test_enable_wal_under_either_pysqlite_transaction_handling(begin_event: bool, tmp_path: Any) -> None:
+    """env.py's ``enable_wal(connection)`` right after ``connect()`` switches the file to WAL
+    with the driver's default transaction handling and with SQLAlchemy's pysqlite recipe
+    (driver handling off, BEGIN in a ``begin`` event), where the PRAGMA used to autobegin
+    SQLAlchemy's transaction, emit BEGIN and fail ("cannot change into wal mode from within
+    a transaction"); the connection then takes its migration transaction as usual."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'wal.db'}")
+    if begin_event:
+        @sa.event.listens_for(engine, "connect")
+        def _no_driver_transactions(dbapi_connection: Any, record: Any) -> None:
+            dbapi_connection.isolation_level = None
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn: sa.Connection) -> None:
+            conn.exec_driver_sql("BEGIN")
+
+    with engine.connect() as conn:
+        enable_wal(conn)
+        assert not conn.in_transaction()
+        with conn.begin():
+            conn.exec_driver_sql("CREATE TABLE wal_rows (x)")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("SELECT count(*) FROM wal_rows").scalar() == 0
+    engine.dispose()
