@@ -13,9 +13,7 @@ features its correctness depends on, per dialect.
   schema on PostgreSQL, including one that needs quoting), and on PostgreSQL every
   built-in function, operator and non-keyword type name is ``pg_catalog``-qualified, so
   ``search_path`` is moot (tests/conformance/test_search_path.py runs the hostile case).
-- No user value ever reaches SQL text: everything the caller passes is a parameter — save
-  the row counts of PostgreSQL's claims, integers written in so that the server can reuse
-  one plan (``test_pg_claims_with_counts_written_in``).
+- No user value ever reaches SQL text: everything the caller passes is a parameter.
 
 The statements are compiled by running real operations against real databases (the same
 path production takes), then read from the backend's cache. Assertions are on robust
