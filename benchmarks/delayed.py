@@ -76,9 +76,9 @@ def _check(env: Env, size: int) -> None:
 def claim_buffers(env: Env, queue: str, n: int) -> float | None:
     """PostgreSQL only: shared buffers one claim of ``n`` touches (EXPLAIN ANALYZE,
     BUFFERS, in a rolled-back transaction), through the library's compiled claim."""
-    if env.kind != "postgresql":
+    sql = getattr(env.store.backend, "_sql", {}).get("claim")
+    if env.kind != "postgresql" or not sql:
         return None
-    sql = env.claim_sql(n)
     conn = env.admin()
     conn.execute("BEGIN")
     try:

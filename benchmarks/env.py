@@ -142,15 +142,6 @@ class Env:
             self.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self.execute("PRAGMA wal_checkpoint(TRUNCATE)", floor=True)
 
-    def claim_sql(self, n: int) -> str | None:
-        """The library's compiled claim of ``n`` as it runs (PostgreSQL writes the count
-        into the claim's text; SQLite's one text takes it as a parameter), for EXPLAIN;
-        None before SQLite's first claim compiled it."""
-        backend: Any = self.store.backend
-        if self.kind == "postgresql":
-            return str(backend._claim_sql(n, guarded=True))
-        return backend._sql.get("claim")  # type: ignore[no-any-return]
-
     # -- facts for the report --------------------------------------------------------------
 
     def database_version(self) -> str:

@@ -105,7 +105,7 @@ def plan(env: Env, key: str) -> str:
     """How one of the library's compiled statements (``claim`` or ``ack_batch``) reads the
     live table: its query plan's table scans (informational; read from the backend's
     statement cache). Index scans bounded by the queue's own rows keep a drain flat."""
-    sql = env.claim_sql(100) if key == "claim" else getattr(env.store.backend, "_sql", {}).get(key)
+    sql = getattr(env.store.backend, "_sql", {}).get(key)
     if not sql:
         return f"({key} statement not found)"
     now = time.time() if env.kind == "sqlite" else None
@@ -136,7 +136,7 @@ def claim_cost(env: Env, floor: Floor | None = None) -> dict[str, float] | None:
     if env.kind != "postgresql":
         return None
     if floor is None:
-        sql = env.claim_sql(100)
+        sql = getattr(env.store.backend, "_sql", {}).get("claim")
         if not sql:
             return None
         params: Any = {"queue": QUEUE, "worker_id": WORKER, "n": 100, "now": None}

@@ -65,7 +65,6 @@ def _queue_ops(store: alk.Store, name: str) -> None:
     assert store.queue_stats()[name].pending == 1
     assert read_gauges(store)[name].ready == 1  # the metrics scrape's one statement
     assert q.claim_one("w1").ack() is True  # type: ignore[union-attr]
-    assert q.claim_batch("w1", 5000) == []  # a count PostgreSQL's claim takes as a parameter
     held = q.enqueue({"n": 5}, unique_key="k")  # unique jobs: the insert, then the held path
     assert q.enqueue({"n": 6}, unique_key="k") == held and q.cancel(held) is True
 

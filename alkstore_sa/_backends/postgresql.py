@@ -9,7 +9,6 @@ import contextlib
 import functools
 import hashlib
 import ipaddress
-import operator
 import os
 import select
 import socket
@@ -23,7 +22,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
 from ..errors import AlkstoreError, InvalidOptions
-from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
+from ..schema import JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
 from .base import Backend
 from .inspect_ops import seconds_until
 from .pg_dialect import CATALOG_DIALECTS, driver_of_dialect
@@ -115,27 +114,6 @@ def _turns_params(turns: Sequence[Mapping[str, Any]], budget: int) -> dict[str, 
     }
 
 
-# A claim's row counts (``:n``, ``:budget``) up to this are written into its SQL as
-# integer literals, one statement text per count (at most COUNTED_VARIANTS_MAX of them;
-# any other count is a parameter). PostgreSQL plans a prepared statement with a
-# parameter in its LIMIT as if the LIMIT kept a tenth of the rows below it: that generic
-# plan joins the claimed rows back with a scan of the whole table, so the server keeps
-# re-planning the claim for every call instead (0.75 ms of planning for a 0.4 ms
-# execution, measured). With the count written in, the generic plan is the custom one
-# and is reused (docs/performance.md, "The claim's plan").
-COUNTED_LIMIT_MAX = 1024
-COUNTED_VARIANTS_MAX = 256
-
-
-def _count(value: int | None, name: str) -> Any:
-    """A LIMIT of ``value`` rows, written as an integer literal; None: the ``:name``
-    parameter. Only ever an ``int`` (``operator.index``), never text."""
-    return arg(name) if value is None else sa.literal_column(str(operator.index(value)))
-
-
-_GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
-
-
 def _materialized(select: sa.Select[Any] | sa.CompoundSelect, name: str) -> sa.CTE:
     # MATERIALIZED is the fence: without it PostgreSQL may inline the CTE and re-run a
     # LIMIT ... SKIP LOCKED subquery per outer row, handing out more than n rows.
@@ -212,10 +190,6 @@ class PostgresBackend(Backend):
     failure_aborts_transaction = True
     # a worker's acks ride with its next claim: pipelined, one round trip (ack_and_claim_turns)
     acks_ride_claims = True
-
-    def __init__(self, schema: str = DEFAULT_SCHEMA, driver: str | None = None) -> None:
-        super().__init__(schema, driver)
-        self._counted: set[str] = set()  # the claims' texts with their counts written in
 
     def compile_dialect(self) -> Dialect:
         # the driver's own, with every function, operator and type name resolved in
@@ -419,25 +393,7 @@ class PostgresBackend(Backend):
         return sorted(r[0] for r in rows)
 
     def claim(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        return ex.rows(self._claim_sql(params["n"], guarded=True), params)
-
-    def _counted_sql(self, key: str, counts: tuple[int, ...], build: Callable[..., sa.Executable]) -> str:
-        """The driver SQL of statement ``key`` with its row ``counts`` written in as
-        literals (``build(*counts)``), or with them as parameters (``build(None, ...)``)
-        when one is above COUNTED_LIMIT_MAX or COUNTED_VARIANTS_MAX texts exist already."""
-        if all(0 <= c <= COUNTED_LIMIT_MAX for c in counts):
-            variant = f"{key}#{','.join(str(operator.index(c)) for c in counts)}"
-            if variant in self._sql or len(self._counted) < COUNTED_VARIANTS_MAX:
-                self._counted.add(variant)
-                return self.sql(variant, lambda: build(*counts))
-        return self.sql(key, lambda: build(*(None for _ in counts)))
-
-    def _claim_sql(self, n: int, *, guarded: bool) -> str:
-        key = "claim" if guarded else "claim:limited"
-        return self._counted_sql(key, (n,), lambda c: self._claim_statement(guarded=guarded, n=c))
-
-    def _claim_turns_sql(self, n: int, budget: int) -> str:
-        return self._counted_sql("claim:turns", (n, budget), self._claim_turns_statement)
+        return ex.rows(self.sql("claim", lambda: self._claim_statement(guarded=True)), params)
 
     def claim_turns(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
         # one atomic statement (autocommit) for all the turns
@@ -446,8 +402,7 @@ class PostgresBackend(Backend):
     def _turns_in(self, ex: Executor, turns: Sequence[Mapping[str, Any]], budget: int) -> list[Turn]:
         if len(turns) == 1:
             return super()._turns_in(ex, turns, budget)
-        params = _turns_params(turns, budget)
-        rows = ex.rows(self._claim_turns_sql(params["n"], budget), params)
+        rows = ex.rows(self.sql("claim:turns", self._claim_turns_statement), _turns_params(turns, budget))
         return split_turns(turns, budget, rows, lambda names: self._with_settings(ex, names))
 
     def next_due_many(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, float | None]:
@@ -474,12 +429,11 @@ class PostgresBackend(Backend):
         return {r[0] for r in ex.rows(self._with_settings_sql(), {"queues": names})}
 
     def claim_unguarded(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        return ex.rows(self._claim_sql(params["n"], guarded=False), params)
+        return ex.rows(self.sql("claim:limited", lambda: self._claim_statement(guarded=False)), params)
 
-    def _claim_statement(self, *, guarded: bool, n: int | None) -> sa.Executable:
-        """The claim of ``n`` jobs (None: ``:n``); ``guarded``: it claims (and buries)
-        nothing when the queue has a settings row — such a queue is claimed by
-        ``claim_limited`` under its settings lock."""
+    def _claim_statement(self, *, guarded: bool) -> sa.Executable:
+        """The claim; ``guarded``: it claims (and buries) nothing when the queue has a
+        settings row — such a queue is claimed by ``claim_limited`` under its settings lock."""
         # The scans read an alias, and the statement's one clock reading is written
         # once (a CTE every use reads): psycopg caches its parse of a query only up
         # to 4 KiB, and schema-qualified column names and the pg_catalog-qualified
@@ -500,20 +454,19 @@ class PostgresBackend(Backend):
         # 2. each candidate scan locks what it takes and skips what others hold: the ready
         # rows (the priority walk) and the lapsed claims, the first n of each in claim order
         _, lapsed = self._claimable(j, now)
-        limit = _count(n, "n")
-        pend = _materialized(self._walk(j, now, limit), "pend")
-        recl = _materialized(lapsed.limit(limit).with_for_update(skip_locked=True), "recl")
+        pend = _materialized(self._walk(j, now), "pend")
+        recl = _materialized(lapsed.limit(arg("n")).with_for_update(skip_locked=True), "recl")
         both = sa.union_all(sa.select(pend), sa.select(recl))
         cand = both.selected_columns
         picked = _materialized(
-            both.order_by(cand.priority.desc(), cand.run_at, cand.id).limit(limit), "pick"
+            both.order_by(cand.priority.desc(), cand.run_at, cand.id).limit(arg("n")), "pick"
         )
         return self._hand_out(picked, now, clock, buried)
 
-    def _claim_turns_statement(self, n: int | None, budget: int | None) -> sa.Executable:
+    def _claim_turns_statement(self) -> sa.Executable:
         """Queues taking turns, claimed in one statement: each queue of ``:queues`` in
-        order takes up to ``n`` jobs (the single claim's candidates, in its order) until
-        ``budget`` are taken in all (None: the ``:n``, ``:budget`` parameters) — what a claim per queue, each with ``:n`` at most what
+        order takes up to ``:n`` jobs (the single claim's candidates, in its order) until
+        ``:budget`` are taken in all — what a claim per queue, each with ``:n`` at most what
         is left, would take, in one round trip. A queue with settings takes nothing (it is
         claimed by ``claim_limited``), and neither is anything of it buried."""
         j = jobs.alias("j")
@@ -536,23 +489,22 @@ class PostgresBackend(Backend):
         q, qv = _each_queue()
         qc = sa.select(clock.c.t).where(~sa.select(ONE).where(s.c.queue == qv).exists()).lateral("qc")
         qnow = sa.literal_column("qc.t", sa.Double)
-        limit = _count(n, "n")
-        pend = self._walk(j, qnow, limit, qv).subquery("pe")
+        pend = self._walk(j, qnow, qv).subquery("pe")
         _, lapsed = self._claimable(j, qnow, qv)
-        recl = lapsed.limit(limit).with_for_update(skip_locked=True).subquery("re")
+        recl = lapsed.limit(arg("n")).with_for_update(skip_locked=True).subquery("re")
         both = sa.union_all(sa.select(pend), sa.select(recl))
         cand = both.selected_columns
-        turn = both.order_by(cand.priority.desc(), cand.run_at, cand.id).limit(limit).lateral("y")
+        turn = both.order_by(cand.priority.desc(), cand.run_at, cand.id).limit(arg("n")).lateral("y")
         picked = _materialized(
             sa.select(turn.c.id)
             .select_from(q.join(qc, sa.true()).join(turn, sa.true()))
-            .limit(_count(budget, "budget")),
+            .limit(arg("budget")),
             "pick",
         )
         return self._hand_out(picked, now, clock, buried)
 
-    def _walk(self, j: Any, now: Any, limit: Any, queue: Any = None) -> sa.Select[Any]:
-        """The claim's pending candidates: up to ``limit`` ready rows in claim order, locked
+    def _walk(self, j: Any, now: Any, queue: Any = None) -> sa.Select[Any]:
+        """The claim's pending candidates: up to ``:n`` ready rows in claim order, locked
         (skipping what others hold). For each priority of the walk (highest first) an index
         range bounded by ``run_at <= now`` (LATERAL), so delayed rows of higher priorities
         are never stepped over; the outer LIMIT stops the walk, and the locking, once ``:n``
@@ -563,11 +515,11 @@ class PostgresBackend(Backend):
             sa.select(j.c.id, j.c.priority, j.c.run_at)
             .where(*self._ready(j, now, queue), j.c.priority == pr.c.p)
             .order_by(j.c.run_at, j.c.id)
-            .limit(limit)
+            .limit(arg("n"))
             .with_for_update(skip_locked=True)
             .lateral("x")
         )
-        return sa.select(ready).select_from(pr, ready).limit(limit)
+        return sa.select(ready).select_from(pr, ready).limit(arg("n"))
 
     def _burial(self, j: Any, now: Any, exhausted: sa.ColumnElement[bool]) -> sa.CTE:
         """The claim's first step: the ``exhausted`` rows (locked, skipping what others
@@ -636,21 +588,15 @@ class PostgresBackend(Backend):
         if driver_connection is None or not _pipeline_supported():
             return super().ack_and_claim_turns(ex, acks, turns, budget)
         if len(turns) == 1:
+            claim_sql = self.sql("claim", lambda: self._claim_statement(guarded=True))
             params = {**turns[0], "n": min(turns[0]["n"], budget)}
-            claim_sql = self._claim_sql(params["n"], guarded=True)
         else:
+            claim_sql = self.sql("claim:turns", self._claim_turns_statement)
             params = _turns_params(turns, budget)
-            claim_sql = self._claim_turns_sql(params["n"], budget)
         conn = driver_connection()
         try:
             with conn.pipeline():
                 conn.execute("BEGIN")
-                if len(turns) > 1:
-                    # the claim of turns reads :queues as an array, whose length a generic
-                    # plan cannot know (it assumes 10): the server would plan it afresh at
-                    # every call (0.8 ms, twice its execution). Its counts are written in,
-                    # so the generic plan is the custom one: reuse it, in this transaction.
-                    conn.execute(_GENERIC_PLANS)
                 acked = conn.execute(self._ack_claims_sql(acks), acks)
                 claimed = conn.execute(claim_sql, params)
                 # queues taking turns: which of them have settings, for the turns that come

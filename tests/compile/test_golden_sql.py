@@ -33,7 +33,6 @@ import sqlalchemy as sa
 import alkstore_sa as alk
 from alkstore_sa import queue as queue_mod
 from alkstore_sa import tracing
-from alkstore_sa._backends.postgresql import COUNTED_LIMIT_MAX
 from tests.every_op import run_every_operation
 from tests.support import FakeClock, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
 
@@ -59,8 +58,6 @@ SENTINELS = [QUEUE, WORKER, ERROR, UNIQUE, *PAYLOAD, *PAYLOAD.values(), *NUMBERS
 HOT = {"claim", "ack", "retry", "bury", "heartbeat", "enqueue", "enqueue_many", "stats"}
 PG_MOVES = {"sweep", "requeue_dead:take"}
 SQLITE_MOVES = {"claim:bury", "claim:drop", "bury:drop", "sweep:bury", "sweep:drop", "sweep:purge"}
-# A claim count PostgreSQL passes as a parameter (above COUNTED_LIMIT_MAX).
-BIG_COUNT = COUNTED_LIMIT_MAX + 1
 # The enqueues of a traced process (alkstore_sa.tracing), which also store a trace context.
 TRACED = {"enqueue:traced", "enqueue_many:traced", "enqueue:unique:traced"}
 
@@ -136,10 +133,6 @@ def compile_everything(target: Target) -> Compiled:
         finally:
             tracing.uninstrument()
         queue_mod.claim_turns(store, WORKER, [q, store.queue(QUEUE + "-turn")], 2, 3)  # queues taking turns
-        # counts above COUNTED_LIMIT_MAX: PostgreSQL's claims with the counts as parameters
-        # (smaller ones are written into the text: "claim#1", "claim:turns#2,3")
-        q.claim_batch(WORKER, BIG_COUNT)
-        queue_mod.claim_turns(store, WORKER, [q, store.queue(QUEUE + "-turn")], BIG_COUNT, BIG_COUNT + 1)
         raw = dict(store.backend._sql)
         sql = {k: norm(v) for k, v in raw.items()}
     finally:
@@ -464,20 +457,6 @@ def test_pg_claim_of_turns_is_one_fenced_skip_locked_statement(pg_compiled: Comp
         assert len(compiled.raw["claim:turns"]) <= 4096, len(compiled.raw["claim:turns"])
 
 
-def test_pg_claims_with_counts_written_in(pg_compiled: Compiled) -> None:
-    """A claim of up to COUNTED_LIMIT_MAX rows runs with its counts written into the text
-    as integers (PostgreSQL then reuses one generic plan for it, where a LIMIT parameter
-    makes it plan every call: docs/performance.md): the very statement of the parameter
-    form, the integer in place of each ``:n`` and ``:budget``, and nothing else different."""
-    compiled = pg_compiled
-    assert {"claim#1", "claim#2", "claim:turns#2,3"} <= set(compiled.raw), sorted(compiled.raw)
-    for n in (1, 2):
-        assert compiled.raw[f"claim#{n}"] == compiled.raw["claim"].replace("%(n)s", str(n))
-    turns = compiled.raw["claim:turns"].replace("%(n)s", "2").replace("%(budget)s", "3")
-    assert compiled.raw["claim:turns#2,3"] == turns
-    assert "%(n)s" in compiled.raw["claim"] and "%(budget)s" in compiled.raw["claim:turns"]
-
-
 def test_pg_moves_are_single_statements(pg_compiled: Compiled) -> None:
     """fail / retry-at-budget (bury) and sweep move rows with one DELETE ... RETURNING
     feeding one INSERT: atomic without a transaction, one round trip."""
@@ -537,7 +516,7 @@ def _without_literals(sql: str) -> str:
 def test_pg_every_builtin_is_resolved_in_pg_catalog(every_pg_statement: dict[str, str]) -> None:
     """With ``search_path = attacker, pg_catalog``, an unqualified function, operator or
     non-keyword type name would resolve to the attacker's object: none may appear."""
-    assert {"claim", "claim#1", "notify", "stream_publish", "lock_acquire", "schedule_upsert", "next_due"} <= set(every_pg_statement)
+    assert {"claim", "notify", "stream_publish", "lock_acquire", "schedule_upsert", "next_due"} <= set(every_pg_statement)
     for key, raw in every_pg_statement.items():
         sql = _without_literals(raw)
         for m in re.finditer(r'(?<![\w."])([A-Za-z_]\w*)\(', sql):
@@ -755,5 +734,5 @@ def test_caller_drivers_resolve_every_builtin_in_pg_catalog(_pg_module_target: T
     """The pg_catalog qualification is a compiler mixin: psycopg2's and asyncpg's SQL gets it too."""
     for statements in compile_for_callers(_pg_module_target).values():
         test_pg_every_builtin_is_resolved_in_pg_catalog(
-            {k: norm(v) for k, v in statements.items()} | {"claim": "", "claim#1": "", "lock_acquire": "", "schedule_upsert": "", "next_due": ""}
+            {k: norm(v) for k, v in statements.items()} | {"claim": "", "lock_acquire": "", "schedule_upsert": "", "next_due": ""}
         )
