@@ -127,12 +127,7 @@ def upgrade_steps(from_step: int, to_step: int, *, schema: str | None) -> None:
 
 
 def _upgrade(from_step: int, to_step: int, schema: str | None) -> None:
-    recorded = _recorded(schema)
-    if recorded is None:
-        steps.upgrade(to=to_step, from_=from_step, schema=schema)
-        record_version(migrations.step_revision(from_step), migrations.step_revision(to_step), schema=schema)
-        return
-    revision, step = recorded
+    revision, step = _recorded(schema) or (migrations.step_revision(from_step), from_step)
     if step >= to_step:
         return  # ran already (and the record stays what it is, a later step included)
     steps.upgrade(to=to_step, from_=step, schema=schema)
@@ -151,12 +146,7 @@ def downgrade_steps(from_step: int, to_step: int, *, schema: str | None) -> None
 
 
 def _downgrade(from_step: int, to_step: int, schema: str | None) -> None:
-    recorded = _recorded(schema)
-    if recorded is None:
-        record_version(migrations.step_revision(to_step), migrations.step_revision(from_step), schema=schema)
-        steps.downgrade(to=from_step, from_=to_step, schema=schema)
-        return
-    revision, step = recorded
+    revision, step = _recorded(schema) or (migrations.step_revision(to_step), to_step)
     if step > to_step:
         raise CommandError(
             f"alkstore's version table records {revision}, beyond step {to_step} of this "
@@ -207,7 +197,8 @@ def _all_or_nothing() -> Iterator[None]:
 
 def _recorded(schema: str | None) -> tuple[str | None, int] | None:
     """Online: alkstore's recorded revision and its step (``(None, 0)`` when not installed);
-    None offline, where the database cannot be read. On PostgreSQL it first takes the
+    None offline, where the database cannot be read (the callers then take the revision's
+    own starting step as the record). On PostgreSQL it first takes the
     advisory lock ``alkstore migrate`` and ``Store.install()`` hold while they install, so
     neither runs between this read and the steps it decides on."""
     context = op.get_context()

@@ -13,7 +13,6 @@ prepared statements) passing through.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import struct
 import threading
@@ -23,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
-from tests.support import Target
+from tests.support import IN_CI, Target
 
 PROXY_ADDRESS = "::1"
 
@@ -100,7 +99,7 @@ def proxied_engine(pg_db: Target) -> Iterator[tuple[sa.Engine, SamePortProxy]]:
         proxy = SamePortProxy(("127.0.0.1", port))
     except OSError as exc:  # no IPv6 loopback, or the server listens on it too
         reason = f"cannot listen on [{PROXY_ADDRESS}]:{port} for the proxy: {exc}"
-        if os.environ.get("CI") == "true":
+        if IN_CI:
             pytest.fail(reason)
         pytest.skip(reason)
     engine = sa.create_engine(url.set(host=PROXY_ADDRESS))
