@@ -294,7 +294,7 @@ class Store:
             if self._hub is None or self._hub_pid != os.getpid():
                 if self._hub is not None:
                     orphan(self._hub)  # the parent's (forked): never closed from here
-                self._hub = self.backend.create_hub(self.engine, self._listen_engine)
+                self._hub = self.backend.create_hub(self.engine, self._listen_engine, clock=self.now)
                 self._hub_pid = os.getpid()
             return self._hub
 

@@ -24,7 +24,16 @@ import sqlalchemy as sa
 
 from ..schema import dead_jobs, jobs, stream_offsets
 from .core import Core
-from .sql import DEAD_COLUMNS, LIVE_COLUMNS, PENDING, PROCESSING, ZERO, Executor, bp
+from .sql import (
+    DEAD_COLUMNS,
+    LIVE_COLUMNS,
+    NOTIFY_READERS_SQL,
+    PENDING,
+    PROCESSING,
+    ZERO,
+    Executor,
+    bp,
+)
 
 PENDING_STATES = ("ready", "scheduled")
 
@@ -128,12 +137,13 @@ class BrowseOps(Core):
         return ex.rows(self.sql(f"dead_page:{by_queue}:{ascending}", build), params)
 
     def stream_consumers(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        """Every consumer's committed offset: (stream, consumer, offset, updated_at)."""
+        """Every stream consumer's committed offset: (stream, consumer, offset, updated_at);
+        not the SQLite watchers' reading places kept in the same table."""
         o = stream_offsets
         sql = self.sql(
             "stream_consumers",
-            lambda: sa.select(o.c.stream, o.c.consumer, o.c.offset, o.c.updated_at).order_by(
-                o.c.stream, o.c.consumer
-            ),
+            lambda: sa.select(o.c.stream, o.c.consumer, o.c.offset, o.c.updated_at)
+            .where(o.c.stream != NOTIFY_READERS_SQL)  # SQLite's watchers
+            .order_by(o.c.stream, o.c.consumer),
         )
         return ex.rows(sql, params)

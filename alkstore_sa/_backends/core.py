@@ -161,8 +161,9 @@ class Core(abc.ABC):
         """The key a stream's subscribers wait on."""
 
     @abc.abstractmethod
-    def create_hub(self, engine: Any, listen_engine: Any = None) -> Any:
-        """The store's listener (PostgreSQL; on ``listen_engine`` when given) or watcher (SQLite)."""
+    def create_hub(self, engine: Any, listen_engine: Any = None, clock: Any = None) -> Any:
+        """The store's listener (PostgreSQL; on ``listen_engine`` when given) or watcher
+        (SQLite; ``clock`` is the store's time reading, for its reader heartbeat)."""
 
     @abc.abstractmethod
     def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:

@@ -303,7 +303,7 @@ class PostgresBackend(Backend):
         rows = ex.rows(self.sql("stream_publish", build), {**params, "wake": self.stream_wake_key(params["stream"])})
         return int(rows[0][0])
 
-    def create_hub(self, engine: Any, listen_engine: Any = None) -> Any:
+    def create_hub(self, engine: Any, listen_engine: Any = None, clock: Any = None) -> Any:
         from .pg_listener import PgHub
 
         return PgHub(engine, listen_engine)

@@ -23,6 +23,10 @@ ONE: sa.ColumnClause[Any] = sa.literal_column("1")
 NEXT_DUE_PRIORITIES = 64
 EXHAUSTED = "max attempts exceeded"
 EXPIRED = "expired"
+# The reserved stream name under which SQLite's watchers keep their notification reading
+# places in alkstore_stream_offsets (sqlite.py); never a user stream (the prefix is reserved).
+NOTIFY_READERS = "__alkstore_notify_readers"
+NOTIFY_READERS_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{NOTIFY_READERS}'")
 EXHAUSTED_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{EXHAUSTED}'")
 EXPIRED_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{EXPIRED}'")
 

@@ -14,10 +14,18 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
-from ..schema import JOB_FIELDS, dead_jobs, jobs, notifications, queue_settings, stream_events
+from ..schema import (
+    JOB_FIELDS,
+    dead_jobs,
+    jobs,
+    notifications,
+    queue_settings,
+    stream_events,
+    stream_offsets,
+)
 from .base import Backend
 from .queue_ops import Turn, claim_in_turn
-from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, PROCESSING, ZERO, Executor, bp
+from .sql import EXHAUSTED_SQL, EXPIRED_SQL, NOTIFY_READERS_SQL, ONE, PROCESSING, ZERO, Executor, bp
 
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):
@@ -49,8 +57,14 @@ _PROCESSING_STATE = "processing"
 # The notification channel of queue wakes that come without a new job (a resume, a raised
 # limit): its payload is the queue's name. Reserved: user channel names cannot start so.
 QUEUE_WAKE_CHANNEL = "__alkstore_queue_wake"
-NOTIFY_KEEP = 1024  # a watcher more than this many notifications behind loses some
+NOTIFY_KEEP = 1024  # the newest rows, kept whoever has read them
 NOTIFY_PRUNE_EVERY = 64
+# Each process's watcher, while it has subscriptions, records how far it has read as a
+# consumer of this reserved stream name (alkstore_stream_offsets): notify's prune keeps
+# every row past the slowest live reader, so a listener that fell behind (a stopped or
+# busy process) loses nothing. A reader not heard from for NOTIFY_READER_TTL seconds is
+# gone (killed): its row holds nothing back and the prune removes it.
+NOTIFY_READER_TTL = 60.0
 
 
 class _ShortAck(Exception):
@@ -149,10 +163,10 @@ class SQLiteBackend(Backend):
             ex.rowcount(insert, {**params, "offset": offset})
         return offset
 
-    def create_hub(self, engine: Any, listen_engine: Any = None) -> Any:
+    def create_hub(self, engine: Any, listen_engine: Any = None, clock: Any = None) -> Any:
         from .sqlite_watcher import SqliteHub
 
-        return SqliteHub(engine, self)
+        return SqliteHub(engine, self, clock)
 
     def notify(self, ex: Executor, params: Mapping[str, Any]) -> None:
         insert = self.sql(
@@ -167,14 +181,44 @@ class SQLiteBackend(Backend):
         )
         note_id = ex.rows(insert, params)[0][0]
         if note_id % NOTIFY_PRUNE_EVERY == 0:
-            # the engine caps the table itself: keep the newest NOTIFY_KEEP rows
-            prune = self.sql(
-                "notify:prune",
-                lambda: sa.delete(notifications).where(
-                    notifications.c.id <= bp("id", sa.Integer) - sa.literal_column(str(NOTIFY_KEEP))
-                ),
-            )
+            # the engine caps the table itself: the newest NOTIFY_KEEP rows and whatever a
+            # live reader has not read yet are kept; gone readers' places go with them
+            prune = self.sql("notify:prune", self._notify_prune)
+            forget = self.sql("notify:forget_readers", self._notify_forget_readers)
+            ex.rowcount(forget, {"now": params["now"]})
             ex.rowcount(prune, {"id": note_id})
+
+    def _notify_prune(self) -> sa.Executable:
+        readers = stream_offsets.c
+        slowest = (
+            sa.select(sa.func.min(readers.offset))
+            .where(readers.stream == NOTIFY_READERS_SQL)
+            .scalar_subquery()
+        )
+        note_id = bp("id", sa.Integer)
+        return sa.delete(notifications).where(
+            notifications.c.id <= note_id - sa.literal_column(str(NOTIFY_KEEP)),
+            notifications.c.id <= sa.func.coalesce(slowest, note_id),
+        )
+
+    def _notify_forget_readers(self) -> sa.Executable:
+        readers = stream_offsets.c
+        return sa.delete(stream_offsets).where(
+            readers.stream == NOTIFY_READERS_SQL,
+            readers.updated_at < self.now() - sa.literal_column(repr(NOTIFY_READER_TTL)),
+        )
+
+    def notify_reader_drop(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        """The watcher ``:consumer`` has no subscriptions left: it holds nothing back."""
+        readers = stream_offsets.c
+        sql = self.sql(
+            "notify:reader_drop",
+            lambda: sa.delete(stream_offsets).where(
+                readers.stream == NOTIFY_READERS_SQL,
+                readers.consumer == bp("consumer", sa.Text),
+            ),
+        )
+        ex.rowcount(sql, params)
 
     def insert_many(
         self,

@@ -18,6 +18,12 @@ the drain). So it watches only while someone needs it:
   (no wake-ups at all). Presence given — and a new subscription — makes it look at once,
   so a job committed while nobody was watching still wakes the queue (the look compares
   the newest job id with the last one it saw, whenever that was).
+- **Reading place**: while it has subscriptions, it records how far it has read
+  (as a stream consumer's offset, at most once a second or every ``SAVE_ROWS`` rows, and at least
+  every ``HEARTBEAT`` seconds), and notify's prune keeps every row past it: a process that
+  fell behind (stopped, or busy) reads all it missed once it runs again. A process gone
+  for ``NOTIFY_READER_TTL`` seconds holds nothing back; if it comes back, it logs how many
+  notifications were pruned before it could read them.
 - **Gathering**: while it watches, it looks at most once per ``MIN_GAP`` during a stream
   of commits, each look covering every commit since the last. A commit after a quiet
   spell is looked at at once; one within ``MIN_GAP`` of the previous look is seen at most
@@ -32,6 +38,7 @@ import os
 import selectors
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +47,11 @@ from sqlalchemy.engine import Engine
 
 from .._conn import RawExecutor
 from .._fanout import Deliver, FanOut, new_selector
-from .._sqlite import _main_file
+from .._sqlite import BUSY_TIMEOUT_MS, _main_file
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
-from .sqlite import QUEUE_WAKE_CHANNEL
+from .sql import NOTIFY_READERS
+from .sqlite import NOTIFY_KEEP, NOTIFY_READER_TTL, QUEUE_WAKE_CHANNEL
 
 log = logging.getLogger("alkstore_sa")
 
@@ -51,11 +59,23 @@ POLL_FALLBACK = 0.005  # seconds between data_version checks without inotify
 SAFETY_POLL = 1.0  # even with inotify: events can be coalesced or missed
 SETTLE_RETRIES = (0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
 MIN_GAP = 0.002  # seconds between two looks prompted by file events (the module docstring)
+# The reading place (the module docstring): saved once it moved this many rows, or after
+# SAVE_EVERY seconds if it moved at all, and every HEARTBEAT seconds regardless.
+SAVE_ROWS = NOTIFY_KEEP // 2
+SAVE_EVERY = 1.0
+HEARTBEAT = NOTIFY_READER_TTL / 6
+# A heartbeat waits this long for SQLite's write lock, then tries again at the next look
+# (the watcher thread must not sit out a long write transaction of another process).
+HEARTBEAT_BUSY_MS = 100
 
 
 class SqliteHub:
-    def __init__(self, engine: Engine, backend: Any) -> None:
+    def __init__(self, engine: Engine, backend: Any, clock: Callable[[], float | None] | None = None) -> None:
         self._engine = engine
+        self._clock = clock or time.time
+        self._reader = uuid.uuid4().hex  # this watcher's name as a notifications reader
+        self._place: tuple[int, float] | None = None  # (saved reading place, monotonic time saved)
+        self._since = 0  # the oldest live subscription's start: rows after it are owed
         self.fanout = FanOut()
         self.queues = FanOut()
         self.streams = FanOut()
@@ -108,7 +128,20 @@ class SqliteHub:
         """Listening from now: only rows committed after this call are delivered.
         ``on_close`` runs once when the hub closes (the store closed)."""
         with self._lock:
+            first = not self.fanout.has_any()
+            # the reading place is saved before the start is read: from then on the prune
+            # keeps every row the new subscription is owed
+            try:
+                self._save_place()
+            except Exception as exc:  # noqa: BLE001 - e.g. a read-only database file
+                log.warning(
+                    "alkstore SQLite watcher: cannot save its reading place (%s); a subscription "
+                    "that falls more than %d notifications behind may miss some", exc, NOTIFY_KEEP,
+                )
+                self._place = (-1, float("-inf"))  # not saved: tried again at the next look
             start = self._scalar(self._max_note_sql()) or 0
+            if first:
+                self._since = start
 
             def after_start(seq: int, payload: str) -> None:
                 if seq > start:
@@ -120,6 +153,46 @@ class SqliteHub:
 
     def unsubscribe(self, key: str, token: int) -> None:
         self.fanout.remove(key, token)
+        with self._lock:
+            if not self.fanout.has_any() and not self._closed.is_set():
+                self._drop_place()
+
+    # -- the reading place -----------------------------------------------------------------
+
+    def _save_place(self) -> None:
+        """Record that this process has read every notification up to ``_last_note``."""
+        params = {"stream": NOTIFY_READERS, "consumer": self._reader, "offset": self._last_note, "now": self._clock()}
+        self._backend.stream_commit(RawExecutor(self._conn, self._backend), params)
+        self._place = (self._last_note, time.monotonic())
+
+    def _drop_place(self) -> None:
+        """No subscriptions left: this process holds no rows back (best effort; a row left
+        behind expires after NOTIFY_READER_TTL)."""
+        if self._place is None:
+            return
+        self._place = None
+        try:
+            self._backend.notify_reader_drop(RawExecutor(self._conn, self._backend), {"consumer": self._reader})
+        except Exception:  # noqa: BLE001 - the row expires on its own
+            log.debug("alkstore SQLite watcher: could not drop its reading place", exc_info=True)
+
+    def _keep_place(self) -> None:
+        """Save the reading place when it is due (the module docstring); a busy write lock
+        only postpones it to the next look."""
+        if self._place is None or not self.fanout.has_any():
+            return
+        saved, at = self._place
+        age = time.monotonic() - at
+        moved = self._last_note - saved
+        if not ((moved > 0 and (moved >= SAVE_ROWS or age >= SAVE_EVERY)) or age >= HEARTBEAT):
+            return
+        self._conn.execute(f"PRAGMA busy_timeout = {HEARTBEAT_BUSY_MS}")
+        try:
+            self._save_place()
+        except Exception:  # noqa: BLE001 - tried again at the next look, well within the TTL
+            log.debug("alkstore SQLite watcher: reading place not saved this time", exc_info=True)
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
     def watch_queue(self, key: str, wake: Callable[[], None]) -> int:
         """Call ``wake()`` whenever a job committed into queue ``key`` while the queue has
@@ -167,6 +240,8 @@ class SqliteHub:
         self._closed.set()
         self._poke()
         self._thread.join(timeout=5)
+        with self._lock:
+            self._drop_place()
         if self._watch is not None:
             self._watch.close()
         for fd in (self._wake_r, self._wake_w):
@@ -229,6 +304,7 @@ class SqliteHub:
                     continue
                 with self._lock:
                     changed = self._check()
+                    self._keep_place()
                 last_look = time.monotonic()
                 if event and not changed:
                     # The -wal write that woke us precedes the commit's publication (the
@@ -264,6 +340,13 @@ class SqliteHub:
             .order_by(notifications.c.id),
         )
         rows = self._conn.execute(sql, {"after": self._last_note}).fetchall()
+        owed = max(self._last_note, self._since) + 1  # committed ids have no gaps but pruned ones
+        if rows and rows[0][0] > owed and self.fanout.has_any():
+            log.error(
+                "alkstore SQLite watcher: %d notifications were pruned before this process read "
+                "them (it was not heard from for over %s s); its subscriptions missed them",
+                rows[0][0] - owed, NOTIFY_READER_TTL,
+            )
         for note_id, channel, payload in rows:
             if channel == QUEUE_WAKE_CHANNEL:  # a queue wake without a new job (sqlite.py)
                 self._wake_queue(payload)

@@ -13,7 +13,9 @@ from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from alkstore_sa import migrations
-from alkstore_sa._backends.sqlite import NOTIFY_KEEP, NOTIFY_PRUNE_EVERY
+from alkstore_sa._backends.sql import NOTIFY_READERS
+from alkstore_sa._backends.sqlite import NOTIFY_KEEP, NOTIFY_PRUNE_EVERY, NOTIFY_READER_TTL
+from alkstore_sa._backends.sqlite_watcher import SAVE_EVERY, SAVE_ROWS
 from tests.support import Target, new_pg_schema
 
 DELIVERY = 10.0  # seconds a delivery may take before the test fails (never a speed claim)
@@ -400,13 +402,98 @@ def test_ten_thousand_notifies(db: Target, store: alk.Store) -> None:
             note = sub.get(timeout=DELIVERY)
             assert note is not None, f"the newest notification never arrived (last seen {got[-1:]})"
             got.append(int(note.payload))
-    assert got == sorted(set(got)), "out of order or duplicated"
+        if db.kind == "sqlite":
+            # what the subscriber has read is let go once its reading place is saved (within
+            # SAVE_EVERY of the read): the next prune leaves only the newest NOTIFY_KEEP
+            time.sleep(SAVE_EVERY + 0.5)
+            for i in range(NOTIFY_PRUNE_EVERY):
+                store.notify("volume", f"after-{i}")
+    assert got == list(range(n)), "lost, out of order or duplicated"
     if db.kind == "sqlite":
         rows = int(db.scalar('SELECT count(*) FROM "alkstore_notifications"'))  # type: ignore[arg-type]
         assert rows <= NOTIFY_KEEP + NOTIFY_PRUNE_EVERY, rows
-        assert peak <= NOTIFY_KEEP + NOTIFY_PRUNE_EVERY, peak
+        # while it was receiving, the table held at most the newest NOTIFY_KEEP plus what the
+        # subscriber had not yet read or not yet said it read: far below the 10,000 sent
+        assert peak < n // 2, peak
         newest = int(db.scalar('SELECT max(id) FROM "alkstore_notifications"'))  # type: ignore[arg-type]
         oldest = int(db.scalar('SELECT min(id) FROM "alkstore_notifications"'))  # type: ignore[arg-type]
         assert newest - oldest < NOTIFY_KEEP + NOTIFY_PRUNE_EVERY
-    else:
-        assert got == list(range(n))
+
+
+def _places(db: Target) -> dict[str, int]:
+    """The SQLite watchers' saved reading places: consumer -> last notification id read."""
+    with db.engine.connect() as c:
+        rows = c.exec_driver_sql(
+            'SELECT consumer, "offset" FROM alkstore_stream_offsets WHERE stream = ?', (NOTIFY_READERS,)
+        ).all()
+    return {consumer: offset for consumer, offset in rows}
+
+
+def _place_of_another_process(db: Target, offset: int, heard: float) -> None:
+    """A reading place as another process's watcher saves it, last heard at ``heard``."""
+    db.execute(
+        'INSERT INTO alkstore_stream_offsets (stream, consumer, "offset", updated_at) '
+        "VALUES (:s, 'other-process', :o, :t)",
+        s=NOTIFY_READERS, o=offset, t=heard,
+    )
+
+
+def _note_rows(db: Target) -> int:
+    return int(db.scalar('SELECT count(*) FROM "alkstore_notifications"'))  # type: ignore[arg-type]
+
+
+def test_sqlite_a_live_reader_behind_keeps_what_it_has_not_read(sqlite_db: Target) -> None:
+    store = sqlite_db.store()
+    store.notify("c", "before")
+    _place_of_another_process(sqlite_db, offset=1, heard=time.time())
+    for i in range(3 * NOTIFY_KEEP):
+        store.notify("c", str(i))
+    assert _note_rows(sqlite_db) == 3 * NOTIFY_KEEP  # every row after its place
+    store.close()
+
+
+def test_sqlite_a_reader_gone_past_its_ttl_holds_nothing_and_is_forgotten(sqlite_db: Target) -> None:
+    store = sqlite_db.store()
+    _place_of_another_process(sqlite_db, offset=0, heard=time.time() - NOTIFY_READER_TTL - 1)
+    for i in range(3 * NOTIFY_KEEP):
+        store.notify("c", str(i))
+    assert _note_rows(sqlite_db) <= NOTIFY_KEEP + NOTIFY_PRUNE_EVERY
+    assert _places(sqlite_db) == {}
+    store.close()
+
+
+def test_sqlite_a_watcher_saves_its_place_while_it_has_subscriptions(sqlite_db: Target) -> None:
+    store = sqlite_db.store()
+    store.notify("c", "before")
+    sub = store.listen("c")
+    (place,) = _places(sqlite_db).values()
+    assert place == 1  # saved before listen() returned: everything after it is kept
+    deadline = time.monotonic() + DELIVERY
+    for i in range(SAVE_ROWS + 1):
+        store.notify("c", str(i))
+    assert _payloads(sub, SAVE_ROWS + 1) == [str(i) for i in range(SAVE_ROWS + 1)]
+    while list(_places(sqlite_db).values()) != [SAVE_ROWS + 2] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(_places(sqlite_db).values()) == [SAVE_ROWS + 2]  # moved on as it read
+    with store.executor() as ex:
+        assert store.backend.stream_consumers(ex, {}) == []  # the dashboard lists no such consumer
+    sub.close()
+    assert _places(sqlite_db) == {}  # its last subscription closed: it holds nothing back
+    store.close()
+
+
+def test_sqlite_a_read_only_listener_still_receives(sqlite_db: Target, caplog: pytest.LogCaptureFixture) -> None:
+    """A listener on a read-only file cannot save its reading place: it says so and
+    listens all the same (as it did before places were saved)."""
+    writer = sqlite_db.store()
+    writer.notify("c", "before")  # the -wal and -shm exist: a read-only opener needs them
+    path = sqlite_db.url.removeprefix("sqlite:///")
+    reader = alk.Store(f"sqlite:///file:{path}?mode=ro&uri=true")
+    with caplog.at_level("WARNING", logger="alkstore_sa"):
+        sub = reader.listen("c")
+    assert "cannot save its reading place" in caplog.text
+    writer.notify("c", "after")
+    assert _payloads(sub, 1) == ["after"]
+    sub.close()
+    reader.close()
+    writer.close()
