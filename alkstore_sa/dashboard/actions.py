@@ -5,34 +5,32 @@ longer pending answers 409 with the reason."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from ..errors import InvalidOptions
 from ..model import Job
 from ..outbox import listed_queue
 from ..queue import cancel_pending
 from .html import esc
 from .http import Request, Response, redirect
+from .target import default_target, local_target, referer_target
 from .view import View
 
 MAX_IDS = 1000  # one bulk form holds a page of ids; more is not a form we rendered
 
 
 def back_to(request: Request, default: str = "/") -> str:
-    """Where to go after an action: the form's ``next`` or the Referer, when it is a page of
-    this app (a path under the mount prefix), else ``default``."""
-    root = request.root
-    for candidate in (request.field("next"), request.headers.get("referer")):
-        if not candidate:
-            continue
-        parts = urlsplit(candidate)
-        if (parts.scheme or parts.netloc) and parts.netloc.lower() != request.headers.get("host", "").lower():
-            continue  # another site's page
-        path = parts.path
-        if "\\" in candidate or path.startswith("//") or not (path == root or path.startswith(root + "/")):
-            continue
-        return path + (f"?{parts.query}" if parts.query else "")
-    return root + default
+    """Where to go after an action, percent-encoded: the form's ``next`` or the Referer
+    when it is one of this app's pages (``target.local_target``), else ``default``."""
+    nxt = request.field("next")
+    if nxt:
+        found = local_target(request, nxt)
+        if found is not None:
+            return found
+    referer = request.headers.get("referer")
+    if referer:
+        found = referer_target(request, referer)
+        if found is not None:
+            return found
+    return default_target(request, default)
 
 
 def form_ids(request: Request) -> list[int]:
