@@ -29,11 +29,14 @@ async def _in_thread(handler: Handler, request: Request) -> Response:
 def request_from_scope(scope: Scope, body: bytes) -> Request:
     """A Request from an ASGI http scope. ASGI says ``path`` includes ``root_path``
     (Starlette's Mount and uvicorn's ``--root-path`` do so); a server that already
-    stripped it is handled too."""
+    stripped it is handled too. ``raw_path`` is optional in ASGI; some servers leave the
+    query string on it."""
     root = str(scope.get("root_path") or "").rstrip("/")
     path = str(scope.get("path") or "/")
     if root and (path == root or path.startswith(root + "/")):
         path = path[len(root):]
+    raw = scope.get("raw_path")
+    raw_path = raw.split(b"?", 1)[0].decode("utf-8", "replace") if isinstance(raw, bytes) and raw else None
     headers: dict[str, str] = {}
     for raw_name, raw_value in scope.get("headers") or []:
         name = raw_name.decode("latin-1").lower()
@@ -47,6 +50,7 @@ def request_from_scope(scope: Scope, body: bytes) -> Request:
         headers=headers,
         body=body,
         scheme=str(scope.get("scheme") or "http"),
+        raw_path=raw_path,
     )
 
 

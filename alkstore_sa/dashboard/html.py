@@ -13,6 +13,7 @@ from urllib.parse import quote, urlencode
 
 from .csrf import FIELD
 from .http import Request, Response
+from .target import own_url
 
 NAV = (
     ("nav-queues", "/", "Queues"),
@@ -98,10 +99,7 @@ def action_form(
     """A POST form to ``action`` (an app path) with the CSRF token, the page to come back
     to (``next_url``, default this one), extra hidden ``fields`` and ``button`` (its HTML)."""
     ident = f' id="{esc(form_id)}"' if form_id else ""
-    if next_url is None:
-        qs = request.query_string
-        next_url = request.root + request.path + (f"?{qs}" if qs else "")
-    back = [(FIELD, token), ("next", next_url)]
+    back = [(FIELD, token), ("next", own_url(request) if next_url is None else next_url)]
     return (
         f'<form method="post" class="{css}"{ident} action="{esc(url(request, action))}">'
         f"{hidden([*back, *fields])}{button}</form>"

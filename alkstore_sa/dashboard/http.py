@@ -17,7 +17,9 @@ MAX_BODY = 1 << 20  # a form of ids is small; anything bigger is refused (413)
 class Request:
     """One request, below the mount point. ``path`` always starts with ``/``; ``root`` is
     the prefix the app is mounted under (``""`` at the server root, never a trailing ``/``),
-    so ``root + path`` is what the browser asked for."""
+    so ``root + path`` is what the browser asked for, decoded. ``raw_path`` is that path as
+    the client sent it (percent-encoded, the prefix included) when the server gives it,
+    else None: only it can say which ``/``, ``?`` or ``.`` were the name's own."""
 
     method: str
     path: str
@@ -26,6 +28,7 @@ class Request:
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     body: bytes = b""
     scheme: str = "http"
+    raw_path: str | None = None
 
     @cached_property
     def query(self) -> dict[str, list[str]]:

@@ -25,6 +25,14 @@ class _Server6(_Server):
 
 
 class _Handler(WSGIRequestHandler):
+    def get_environ(self) -> dict[str, Any]:
+        """wsgiref's environ, plus the request target as sent (``REQUEST_URI``, as uwsgi
+        and mod_wsgi give it): PATH_INFO alone is decoded, and cannot say which ``/`` or
+        ``?`` of a page's URL were percent-encoded."""
+        environ = super().get_environ()
+        environ["REQUEST_URI"] = self.path
+        return environ
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         log.debug("%s %s", self.address_string(), format % args)
 

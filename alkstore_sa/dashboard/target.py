@@ -1,7 +1,12 @@
-"""Where the dashboard sends the browser back to after an action: the check that a
-``next`` or Referer names one of this app's pages before it becomes a ``Location``, and
-the percent-encoding every ``Location`` gets. Targets are URLs as a client sends them,
-percent-encoded."""
+"""Where the dashboard sends the browser back to after an action: this request's own URL
+(the ``next`` field of every form it renders) and the check that a ``next`` or Referer
+names one of this app's pages before it becomes a ``Location``.
+
+Both work on URLs as the client sent them, percent-encoded. A server's decoded path
+cannot be put back into a URL: a queue named ``a?x`` or ``a/..`` decodes to a path whose
+``?`` starts a query and whose ``..`` a browser removes, so the page is taken from the
+raw request path (ASGI ``raw_path``, WSGI ``RAW_URI``/``REQUEST_URI``), and only a server
+that gives none has its decoded path quoted again."""
 
 from __future__ import annotations
 
@@ -22,6 +27,18 @@ def encoded(url: str) -> str:
     """``url`` with every character outside the URI syntax percent-encoded (UTF-8);
     escapes already in it are kept, so encoding twice changes nothing."""
     return _NOT_URI.sub(lambda m: quote(m.group(), safe="", errors="replace"), url)
+
+
+def own_url(request: Request) -> str:
+    """The path and query the client asked for, encoded as it sent them. The raw path is
+    used only when it decodes to the request's own ``root + path`` (a middleware that
+    rewrote the path leaves a raw path of another page behind)."""
+    decoded = request.root + request.path
+    raw = request.raw_path
+    if raw is None or unquote(raw, errors="replace") != decoded:
+        raw = quote(decoded, safe=_PATH_SAFE, errors="replace")
+    query = request.query_string
+    return encoded(raw + (f"?{query}" if query else ""))
 
 
 def local_target(request: Request, candidate: str) -> str | None:

@@ -17,6 +17,18 @@ def _text(environ: dict[str, Any], key: str) -> str:
     return str(environ.get(key) or "").encode("latin-1").decode("utf-8", "replace")
 
 
+def _raw_path(environ: dict[str, Any]) -> str | None:
+    """The request target's path as sent: gunicorn's ``RAW_URI``, else the ``REQUEST_URI``
+    of uwsgi, mod_wsgi, werkzeug and the built-in server (an absolute URI: its path)."""
+    uri = _text(environ, "RAW_URI") or _text(environ, "REQUEST_URI")
+    if not uri.startswith("/"):
+        scheme, sep, rest = uri.partition("://")
+        if not sep or not scheme.isalpha():
+            return None
+        uri = "/" + rest.partition("/")[2]
+    return uri.split("?", 1)[0].split("#", 1)[0]
+
+
 def request_from_environ(environ: dict[str, Any]) -> Request | None:
     """A Request from a WSGI environ; None when the body is over MAX_BODY."""
     headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
@@ -38,6 +50,7 @@ def request_from_environ(environ: dict[str, Any]) -> Request | None:
         headers=headers,
         body=body,
         scheme=str(environ.get("wsgi.url_scheme") or "http"),
+        raw_path=_raw_path(environ),
     )
 
 

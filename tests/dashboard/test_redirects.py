@@ -1,18 +1,29 @@
-"""Where an action sends the browser back to. A ``next`` or Referer that is not one of
-the app's pages (dot segments, backslashes, a scheme or host, ``//``, outside the mount)
-is refused for the default page, and the ``Location`` is percent-encoded. Mounted under
-``/ops`` in a host app (werkzeug's DispatcherMiddleware, Starlette's Mount)."""
+"""Where an action sends the browser back to. Every form's ``next`` is the page as the
+browser asked for it (its raw, percent-encoded path: a decoded ``?``, ``#`` or ``/..`` in
+a queue name would point somewhere else); a ``next`` or Referer that is not one of the
+app's pages (dot segments, backslashes, a scheme or host, ``//``, outside the mount) is
+refused for the default page; and the ``Location`` is percent-encoded. Mounted under
+``/ops`` in a host app (werkzeug's DispatcherMiddleware, Starlette's Mount), with and
+without the raw path a server may give, and through the built-in server."""
 
 from __future__ import annotations
 
+import html
+import http.client
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
 import alkstore_sa as alk
 from alkstore_sa.dashboard import create_app, create_wsgi_app
+from alkstore_sa.dashboard.http import Request
+from alkstore_sa.dashboard.server import make_server, serve_until
+from alkstore_sa.dashboard.target import own_url
+from alkstore_sa.stop import StopToken
 from tests.dashboard.conftest import HOST, AsgiBrowser, WsgiBrowser
 
 PREFIX = "/ops"
@@ -23,16 +34,35 @@ def _host_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> It
     return [b"host app"]
 
 
-def mounted(kind: str, store: alk.Store) -> WsgiBrowser | AsgiBrowser:
-    """The dashboard under PREFIX in a host app."""
+def _wsgi_without_raw_uri(app: Any) -> Any:
+    """A WSGI server that gives only the decoded PATH_INFO (no RAW_URI, no REQUEST_URI)."""
+    def stripped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        environ = {k: v for k, v in environ.items() if k not in ("RAW_URI", "REQUEST_URI")}
+        return app(environ, start_response)  # type: ignore[no-any-return]
+    return stripped
+
+
+def _asgi_without_raw_path(app: Any) -> Any:
+    """An ASGI server that gives only the decoded ``path`` (``raw_path`` is optional)."""
+    async def stripped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await app({k: v for k, v in scope.items() if k != "raw_path"}, receive, send)
+    return stripped
+
+
+def mounted(kind: str, store: alk.Store, *, raw: bool = True) -> WsgiBrowser | AsgiBrowser:
+    """The dashboard under PREFIX in a host app; ``raw=False``: a server without raw paths."""
     if kind == "wsgi":
         from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
-        return WsgiBrowser(DispatcherMiddleware(_host_app, {PREFIX: create_wsgi_app(store)}), prefix=PREFIX)
+        wsgi = create_wsgi_app(store)
+        wsgi = wsgi if raw else _wsgi_without_raw_uri(wsgi)
+        return WsgiBrowser(DispatcherMiddleware(_host_app, {PREFIX: wsgi}), prefix=PREFIX)
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    return AsgiBrowser(Starlette(routes=[Mount(PREFIX, app=create_app(store))]), prefix=PREFIX)
+    asgi = create_app(store)
+    asgi = asgi if raw else _asgi_without_raw_path(asgi)
+    return AsgiBrowser(Starlette(routes=[Mount(PREFIX, app=asgi)]), prefix=PREFIX)
 
 
 @pytest.fixture(params=["wsgi", "asgi"])
@@ -40,6 +70,83 @@ def ops(request: pytest.FixtureRequest, store: alk.Store) -> Iterator[WsgiBrowse
     b = mounted(request.param, store)
     yield b
     b.close()
+
+
+@pytest.fixture(params=["wsgi", "asgi"])
+def ops_decoded(request: pytest.FixtureRequest, store: alk.Store) -> Iterator[WsgiBrowser | AsgiBrowser]:
+    b = mounted(request.param, store, raw=False)
+    yield b
+    b.close()
+
+
+def _next_of(page: str) -> str:
+    values = {html.unescape(v) for v in re.findall(r'name="next" value="([^"]*)"', page)}
+    assert len(values) == 1, values
+    return values.pop()
+
+
+def _names(qname: str) -> list[str]:
+    """Queue names whose decoded path is not their page's URL."""
+    return [
+        f"{qname}?x=1",                  # "?" would start a query
+        f"{qname}#top",                  # "#" would start a fragment
+        f"{qname}/..",                   # a browser removes the dot segment
+        f"{qname}/%2e%2e",               # ...and decodes "%2e" first
+        f"//{qname}.evil.example",       # "//" after the root
+        f"{qname} ü%",                   # space, non-ASCII, "%"
+    ]
+
+
+def _page_path(name: str) -> str:
+    return "/queues/" + quote(name, safe="") + "?state=ready"
+
+
+def test_next_is_the_page_the_browser_asked_for(ops, store: alk.Store, qname: str) -> None:
+    for name in _names(qname):
+        q = store.queue(name)
+        q.enqueue({"in": name})
+        here = _page_path(name)
+        page = ops.get(here)
+        assert page.status == 200 and f"<title>Queue {html.escape(name)} " in page.text, name
+        assert _next_of(page.text) == PREFIX + here, name
+        r = ops.post("/queues/" + quote(name, safe="") + "/pause", {"csrf_token": page.token(), "next": PREFIX + here})
+        assert r.status == 303 and r.headers["location"] == PREFIX + here, name
+        assert q.settings().paused is True, name
+        again = ops.get(r.headers["location"][len(PREFIX):])
+        assert f"<title>Queue {html.escape(name)} " in again.text, name
+
+
+def test_without_a_raw_path_next_is_the_decoded_path_quoted_again(ops_decoded, store: alk.Store, qname: str) -> None:
+    """A server that gives no raw path: the decoded path's "?", "#", "%" and spaces are
+    quoted back; a "/" cannot be told from a separator, so a page whose name holds "/.."
+    or "//" (a dot or empty segment once decoded) comes back as the default page, never as
+    another one."""
+    for name in _names(qname):
+        store.queue(name).enqueue({"in": name})
+        page = ops_decoded.get(_page_path(name))
+        assert page.status == 200, name
+        r = ops_decoded.post(
+            "/queues/" + quote(name, safe="") + "/pause", {"csrf_token": page.token(), "next": _next_of(page.text)}
+        )
+        assert r.status == 303, name
+        if "/.." in name or "//" in name:
+            assert r.headers["location"] == f"{PREFIX}/", name
+            continue
+        assert r.headers["location"].endswith("?state=ready"), name
+        again = ops_decoded.get(r.headers["location"][len(PREFIX):])
+        assert f"<title>Queue {html.escape(name)} " in again.text, name
+
+
+def test_own_url_prefers_the_raw_path_that_decodes_to_the_request() -> None:
+    def req(path: str, raw: str | None, query: str = "") -> Request:
+        return Request("GET", path, PREFIX, query_string=query, raw_path=raw)
+
+    assert own_url(req("/queues/a?b", "/ops/queues/a%3Fb", "state=dead")) == "/ops/queues/a%3Fb?state=dead"
+    assert own_url(req("/queues/a/..", "/ops/queues/a%2F..")) == "/ops/queues/a%2F.."
+    assert own_url(req("/queues/a#b c%", None)) == "/ops/queues/a%23b%20c%25"
+    # a raw path of another page (a middleware rewrote the path): the decoded one, quoted
+    assert own_url(req("/dead", "/ops/elsewhere")) == "/ops/dead"
+    assert own_url(req("/queues/ü", "/ops/queues/\u00fc")) == "/ops/queues/%C3%BC"  # a raw path not encoded
 
 
 REFUSED_NEXT = [
@@ -108,3 +215,26 @@ def test_location_is_percent_encoded(ops, store: alk.Store, qname: str) -> None:
         r = ops.post(f"/queues/{qname}/pause", {"csrf_token": token, "next": target})
         assert r.status == 303 and r.headers["location"] == expected, target
         assert re.fullmatch(r"[\x21-\x7e]+", r.headers["location"]), target
+
+
+def test_builtin_server_gives_the_raw_path(store: alk.Store, qname: str) -> None:
+    """``alkstore dashboard``'s wsgiref server passes the request target on as
+    REQUEST_URI: a page whose name holds "/.." gets itself as ``next``."""
+    name = f"{qname}/.."
+    store.queue(name).enqueue(1)
+    server = make_server(create_wsgi_app(store), "127.0.0.1", 0)
+    stop = StopToken()
+    thread = threading.Thread(target=serve_until, args=(server, stop))
+    thread.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        here = _page_path(name)
+        conn.request("GET", here, headers={"Host": HOST})
+        reply = conn.getresponse()
+        page = reply.read().decode()
+        assert reply.status == 200 and f"<title>Queue {html.escape(name)} " in page
+        assert _next_of(page) == here
+        conn.close()
+    finally:
+        stop.stop()
+        thread.join(30)
