@@ -13,6 +13,7 @@ from typing import Any
 from . import alembic_revision, dashboard, dead, migrate, queue, schedules, status, sweep, worker
 from ._common import Parser, check_options
 from ._errors import EXIT_CODES, report, stdout_closed
+from ._shown import ShownFormatter
 
 COMMANDS = [migrate, alembic_revision, worker, status, queue, dead, sweep, schedules, dashboard]
 
@@ -57,10 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alkstore`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)  # a usage error exits 2 here, in one line
-    logging.basicConfig(  # stderr: the worker's start/stop lines and the signal it got
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # stderr: the worker's start/stop lines, the signal it got, its handlers' failures
+    # (their messages escaped: a handler's exception text is not the terminal's to obey)
+    stderr = logging.StreamHandler()
+    stderr.setFormatter(ShownFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[stderr])
     if not args.verbose:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     try:

@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..errors import AlkstoreError, DatabaseError, NotInstalled
+from ._shown import shown
 
 EXIT_CODES = """\
 exit codes:
@@ -69,7 +70,13 @@ def stdout_closed() -> int:
 
 
 def explain(exc: BaseException, args: argparse.Namespace | None) -> tuple[int, str]:
-    """(exit code, message) for an exception that ended a command."""
+    """(exit code, message) for an exception that ended a command; the message is shown
+    escaped, as it may quote a handler's exception or a driver's text with a stored value."""
+    code, message = _explain(exc, args)
+    return code, shown(message)
+
+
+def _explain(exc: BaseException, args: argparse.Namespace | None) -> tuple[int, str]:
     from alembic.util import CommandError
 
     if isinstance(exc, KeyboardInterrupt):

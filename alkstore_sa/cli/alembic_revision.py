@@ -26,6 +26,7 @@ from .. import __version__, migrations
 from ..migrations import steps
 from ..schema import DEFAULT_SCHEMA
 from ._errors import UsageError
+from ._shown import shown
 
 STEPS_MARKER = "ALKSTORE_STEPS"
 SCHEMA_MARKER = "ALKSTORE_SCHEMA"
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     version_path.mkdir(parents=True, exist_ok=True)
     path = version_path / f"{plan.rev_id}_alkstore_steps_{plan.from_step}_to_{plan.to_step}.py"
     path.write_text(render(plan), encoding="utf-8")
-    print(f"wrote {path} (alkstore steps {plan.from_step} -> {plan.to_step}, revises {plan.down_revision})")
+    print(shown(f"wrote {path} (alkstore steps {plan.from_step} -> {plan.to_step}, revises {plan.down_revision})"))
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from ..model import Job
 from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
+from ._shown import shown
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -57,7 +58,8 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     for j in jobs:
         died = j.died_at.isoformat(timespec="seconds") if j.died_at else "-"
-        print(f"{j.id}\t{died}\tattempts={j.attempts}/{j.max_attempts}\t{j.last_error}")
+        # the handler's message escaped: its tabs and newlines cannot make columns or lines
+        print(f"{j.id}\t{died}\tattempts={j.attempts}/{j.max_attempts}\t{shown(j.last_error)}")
     if not jobs:
         print("(no dead jobs)")
     return 0

@@ -7,6 +7,7 @@ import argparse
 from .. import migrations
 from .._urls import engine_from_url
 from ._common import add_database_options, database_url
+from ._shown import shown
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,5 +25,5 @@ def run(args: argparse.Namespace) -> int:
             current = migrations.current_revision(conn, args.schema)
     finally:
         engine.dispose()
-    print(f"alkstore schema at {current}")
+    print(f"alkstore schema at {shown(current)}")
     return 0

@@ -11,6 +11,7 @@ from ..model import QueueSettings
 from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
 from ._errors import UsageError
+from ._shown import shown
 
 NONE = "none"
 
@@ -80,7 +81,7 @@ def _change(args: argparse.Namespace, **change: object) -> int:
         settings = _limits.update(listed_queue(store, args.queue), params, fields)
     finally:
         store.close()
-    print(f"{args.queue}: {describe(settings) if settings != QueueSettings() else 'no settings'}")
+    print(f"{shown(args.queue)}: {describe(settings) if settings != QueueSettings() else 'no settings'}")
     return 0
 
 

@@ -11,6 +11,7 @@ from ..cron import zone
 from ..errors import AlkstoreError, LeadershipLost
 from ..model import Schedule
 from ._common import add_database_options, open_store, stop_on_signals
+from ._shown import shown
 
 log = logging.getLogger("alkstore_sa")
 
@@ -41,8 +42,9 @@ def run_list(args: argparse.Namespace) -> int:
         ], indent=2))
         return 0
     for s in schedules:
-        where = "" if s.tz == "UTC" else f" ({s.tz})"
-        print(f"{s.name}\t{s.spec}\t-> {s.queue}\tnext {local_next(s).isoformat(timespec='seconds')}{where}")
+        where = "" if s.tz == "UTC" else f" ({shown(s.tz)})"
+        fields = (shown(s.name), shown(s.spec), f"-> {shown(s.queue)}", f"next {local_next(s).isoformat(timespec='seconds')}{where}")
+        print("\t".join(fields))
     if not schedules:
         print("(no schedules)")
     return 0

@@ -6,6 +6,7 @@ import argparse
 
 from ..outbox import listed_queue
 from ._common import add_database_options, open_store
+from ._shown import shown
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
         names = args.queue or list(store.queue_stats())
         for name in names:
             result = listed_queue(store, name).sweep_expired()
-            print(f"{name}: expired={result.expired} purged={result.purged}")
+            print(f"{shown(name)}: expired={result.expired} purged={result.purged}")
     finally:
         store.close()
     return 0

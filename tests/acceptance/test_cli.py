@@ -208,7 +208,7 @@ def test_dead_list_show_requeue(cli: Cli) -> None:
     listed = [line.split("\t") for line in lines]
     assert [int(cols[0]) for cols in listed] == [second, first]  # newest first
     assert listed[0][2] == "attempts=1/1" and listed[0][3] == "max attempts exceeded"
-    assert listed[1][3:] == ["boom: no printer", "in room 2"]
+    assert listed[1][3:] == ["boom: no printer\\tin room 2"]  # the message's tab shown, not a column
 
     data = json.loads(cli.ok("dead", "list", "--queue", "reports", "--json"))
     assert [(j["id"], j["state"], j["last_error"]) for j in data] == [

@@ -1,0 +1,57 @@
+"""Values shown on the operator's terminal, made inert.
+
+What the human-readable output prints comes from the database or from other people —
+queue and worker names, a handler's exception message as a dead job's ``last_error``,
+schedule names. Printed raw, a control character in one is obeyed by the terminal: ESC
+sequences clear the screen or recolour it, ``\\r`` and ``\\n`` forge lines, ``\\t`` a
+column. ``shown()`` escapes each such character visibly, as Python writes it (``\\x1b``,
+``\\n``, ``\\u202e``), and leaves every other character alone, so ordinary values print as
+they are (a backslash is not doubled: this is for reading, ``--json`` is the exact form).
+Every table and line the commands print goes through it, and so do the one-line error and
+the log lines on stderr (``ShownFormatter``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+# C0 and DEL, C1; then the Unicode characters that reorder or break displayed text: the
+# bidirectional marks, embeddings, overrides and isolates ("Trojan Source"), and the line
+# and paragraph separators
+_ACTING = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    code = ord(ch)
+    return _SHORT.get(ch) or (f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
+
+
+def shown(value: object) -> str:
+    """``str(value)`` with every character a terminal would act on escaped. An escape is
+    plain ASCII, as wide on the terminal as it is long, so a table padded by ``len`` of
+    the shown text stays aligned."""
+    return _ACTING.sub(_escape, str(value))
+
+
+def shown_lines(text: str) -> str:
+    """Multi-line text (a traceback) kept one line per ``\\n``, everything else escaped."""
+    return "\n".join(shown(line) for line in text.split("\n"))
+
+
+class ShownFormatter(logging.Formatter):
+    """The CLI's log lines on stderr: the message escaped as one line (a worker logs its
+    handlers' exception messages), the traceback below it escaped but for its line breaks.
+    A newline inside an exception's message stays a line break there: in formatted text it
+    cannot be told from the traceback's own (ESC, ``\r``, tabs are escaped all the same)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return shown(super().formatMessage(record))
+
+    def formatException(self, ei: logging._SysExcInfoType) -> str:  # noqa: N802 - logging's name
+        return shown_lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return shown_lines(super().formatStack(stack_info))
