@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +31,9 @@ from ._shown import shown
 
 STEPS_MARKER = "ALKSTORE_STEPS"
 SCHEMA_MARKER = "ALKSTORE_SCHEMA"
+# alembic_version.version_num is a VARCHAR(32): a longer id fails the upgrade that stores it
+MAX_REV_ID = 32
+_REV_ID = re.compile(rf"[0-9A-Za-z_]{{1,{MAX_REV_ID}}}")
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+def checked_rev_id(value: str | None) -> str | None:
+    """The ``--rev-id`` given (None: not given), refused unless it is 1 to 32 ASCII letters,
+    digits or underscores. It starts the file's name and is the revision's literal: a
+    ``/`` or ``..`` would write elsewhere, a quote, newline or space a broken file or one
+    Alembic's tooling misreads. Checked before anything is read or written."""
+    if value is not None and not _REV_ID.fullmatch(value):
+        raise UsageError(
+            f"--rev-id {value!r}: a revision id is 1 to {MAX_REV_ID} letters, digits or "
+            f"underscores (A-Z, a-z, 0-9, _); it names the file written and is stored in "
+            f"alembic_version"
+        )
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    checked_rev_id(args.rev_id)
     try:
         script = _app_scripts(args.config)
         plan, version_path = _plan(args, script)
@@ -126,7 +145,7 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
     version_path = Path(args.version_path) if args.version_path else _versions_dir(script)
     if from_step == args.to_step:
         return None, version_path
-    return Plan(args.rev_id or rev_id(), down, from_step, args.to_step, schema), version_path
+    return Plan(rev_id() if args.rev_id is None else args.rev_id, down, from_step, args.to_step, schema), version_path
 
 
 def _single_head(script: ScriptDirectory) -> str | None:
@@ -169,7 +188,9 @@ def render(plan: Plan) -> str:
         rev_id=plan.rev_id,
         rev_lit=_lit(plan.rev_id),
         down=_lit(plan.down_revision),
-        down_text=plan.down_revision or "",
+        # an unchecked --down-revision (no alembic.ini) inside the docstring: escaped as in
+        # a string literal, so a quote or backslash in it cannot end or break the docstring
+        down_text=_lit(plan.down_revision)[1:-1] if plan.down_revision else "",
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         from_step=plan.from_step,
         to_step=plan.to_step,
