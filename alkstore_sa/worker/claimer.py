@@ -128,6 +128,12 @@ class _Source:
         # was deciding ``capped`` (after the limit was read, before the flag was set) is
         # seen by comparing this count, so its room is never missed
         self.finishes = 0
+        # its limits held its last claim back and time alone lets a job through (a rate
+        # window, a claim lapsing): seconds until then, as the limits said; else None
+        self.held_for: float | None = None
+        # burst: its limits hold back jobs that are ready now; it is claimed again when
+        # they could pass (its due time), not at every turn of the loop
+        self.held_ready = False
 
     def ready(self, now: float) -> bool:
         return now >= self.not_before and (self.woken or now >= self.due)
@@ -208,7 +214,7 @@ class Claimer:
                             if len(self._drained) == len(self.sources):
                                 return
                             for s in self.sources:  # the burst ends only once every queue was found empty
-                                s.woken = s.woken or s not in self._drained
+                                s.woken = s.woken or (s not in self._drained and not s.held_ready)
                         ready = self._ready(time.monotonic(), free + 1)
                         if ready:
                             self._round(ready, free, clean=burst and self._busy() == 0)
@@ -392,6 +398,7 @@ class Claimer:
         still clean."""
         s.not_before = 0.0
         s.outage.recovered()
+        s.held_ready = False
         if handles:
             self._start(handles)
             clean = False
@@ -413,13 +420,25 @@ class Claimer:
             s.due = now + wait
             if s.capped and s.finishes != finishes:
                 s.woken = True  # one of ours finished while the limit was being read
-            if clean:
+            s.held_ready = clean and s.held_for is not None and self._ready_now(s)
+            if clean and not s.held_ready:
                 self._drained.add(s)
             else:
                 self._drained.discard(s)
             # waiting from now on; the hub wakes the queue once more when its presence
             # is settled, for the enqueues that looked before it was taken
             self.advertise(s.queue.name)
+
+    def _ready_now(self, s: _Source) -> bool:
+        """Whether the queue holds a job a claim could take now but for its limits (burst:
+        such jobs are ready, so the burst waits for its limits to let them through)."""
+        store = s.queue.store
+        try:
+            with store.executor(retry=True) as ex:  # a read
+                return store.backend.next_due(ex, {"queue": s.queue.name, "now": store.now()}) == 0.0
+        except AlkstoreError as exc:
+            log.warning("could not read whether %r has ready jobs: %s", s.queue.name, exc)
+            return True  # not proven drained: looked at again when its limits allow
 
     def _sleep(self, free: int) -> float:
         """Seconds until a queue becomes ready (at most poll_interval); with no free slot,
@@ -443,9 +462,11 @@ class Claimer:
                 held = limit_wait(store, s.queue.name)
             except AlkstoreError as exc:
                 log.warning("could not read the limits of %r: %s", s.queue.name, exc)
+                s.held_for = self.poll_interval  # unknown: not proven drained (burst)
                 waits[s] = self.poll_interval
                 continue
             s.capped = held is not None and held[1]
+            s.held_for = None if held is None else held[0]
             if held is not None:
                 wait = held[0]
                 waits[s] = self.poll_interval if wait is None else min(self.poll_interval, wait + 0.001)

@@ -418,3 +418,70 @@ def test_own_job_finishing_while_the_claim_reads_the_limit_still_wakes_the_queue
         wait_for(lambda: len(done) == 2, "the second job, claimed on our own job's finish")
     assert reads[0] is not None and reads[0][1], "the first read saw the limit full"
     assert sorted(done) == [0, 1]
+
+
+# -- burst: "exits once no job is ready" (SPEC §11), limits included -----------------------------
+
+
+def _burst(store: alk.Store, qname: str, done: list[Any], **kw: Any) -> None:
+    """Run a burst worker on ``qname`` in a thread; fail (stopping it) if it is still
+    running after WAIT."""
+    worker = alk.Worker(store, qname, lambda job: done.append(job.payload), poll_interval=0.2, **kw)
+    stop = alk.StopToken()
+    thread = threading.Thread(target=worker.run, args=(stop,), kwargs={"burst": True}, daemon=True)
+    thread.start()
+    thread.join(WAIT)
+    if thread.is_alive():
+        stop.stop()
+        thread.join(WAIT)
+        raise AssertionError(f"the burst worker still ran after {WAIT}s (ran {sorted(done)})")
+
+
+def test_burst_waits_out_the_rate_window_for_ready_jobs(dbstore: alk.Store, qname: str) -> None:
+    """Ready jobs held back by a rate limit are still ready: time alone lets them through,
+    so a burst runs them all before it ends (it ended after the first window's two)."""
+    q = dbstore.queue(qname)
+    q.set_rate_limit(2, per=0.5)
+    q.enqueue_many(list(range(5)))
+    done: list[Any] = []
+    _burst(dbstore, qname, done, concurrency=4)
+    assert sorted(done) == [0, 1, 2, 3, 4]
+
+
+def test_burst_waits_for_room_under_another_workers_concurrency(dbstore: alk.Store, qname: str) -> None:
+    """The queue's one place is held by a claim made elsewhere: its ready jobs wait for it,
+    and so does the burst (it ended at once, leaving them)."""
+    q = dbstore.queue(qname)
+    q.set_concurrency(1)
+    q.enqueue("elsewhere", priority=10)
+    (held,) = q.claim_batch("other-worker", 1)
+    q.enqueue_many([1, 2, 3])
+    done: list[Any] = []
+    timer = threading.Timer(0.5, held.ack)
+    timer.start()
+    try:
+        _burst(dbstore, qname, done, concurrency=2)
+    finally:
+        timer.cancel()
+    assert sorted(done) == [1, 2, 3]
+
+
+def test_burst_ends_with_a_paused_queue_left_as_it_is(dbstore: alk.Store, qname: str) -> None:
+    """Only a resume lets a paused queue's jobs through: the burst ends, leaving them."""
+    q = dbstore.queue(qname)
+    q.pause()
+    q.enqueue_many([1, 2])
+    done: list[Any] = []
+    _burst(dbstore, qname, done)
+    assert done == []
+    assert q.stats().ready == 2
+
+
+def test_burst_on_a_rate_limited_queue_with_nothing_ready_ends_at_once(dbstore: alk.Store, qname: str) -> None:
+    """A full rate window over an empty queue is nothing to wait for (an hour, here)."""
+    q = dbstore.queue(qname)
+    q.set_rate_limit(1, per=3600)
+    q.enqueue("only")
+    done: list[Any] = []
+    _burst(dbstore, qname, done)
+    assert done == ["only"]
