@@ -42,6 +42,7 @@ except ImportError as exc:
 
 from .cli._common import stop_on_signals
 from .cli._errors import explain
+from .cli._shown import stderr_handler
 from .store import Store
 from .tasks import Task, Tasks
 from .worker import Worker
@@ -158,8 +159,8 @@ def _group() -> AppGroup:
 
 def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: bool) -> None:
     log = logging.getLogger("alkstore_sa")
-    if not logging.getLogger().handlers and not log.handlers:  # as `alkstore worker` logs
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not logging.getLogger().handlers and not log.handlers:  # as `alkstore worker` logs (escaped)
+        logging.basicConfig(level=logging.INFO, handlers=[stderr_handler()])
     state: _State = app.extensions[f"{EXTENSION}.tasks"]
     store: Store = app.extensions[EXTENSION]
     try:

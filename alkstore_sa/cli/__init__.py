@@ -13,7 +13,7 @@ from typing import Any
 from . import alembic_revision, dashboard, dead, migrate, queue, schedules, status, sweep, worker
 from ._common import Parser, check_options
 from ._errors import EXIT_CODES, report, stdout_closed
-from ._shown import ShownFormatter
+from ._shown import stderr_handler
 
 COMMANDS = [migrate, alembic_revision, worker, status, queue, dead, sweep, schedules, dashboard]
 
@@ -60,9 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)  # a usage error exits 2 here, in one line
     # stderr: the worker's start/stop lines, the signal it got, its handlers' failures
     # (their messages escaped: a handler's exception text is not the terminal's to obey)
-    stderr = logging.StreamHandler()
-    stderr.setFormatter(ShownFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[stderr])
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[stderr_handler()])
     if not args.verbose:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     try:

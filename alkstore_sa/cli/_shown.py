@@ -55,3 +55,14 @@ class ShownFormatter(logging.Formatter):
 
     def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
         return shown_lines(super().formatStack(stack_info))
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def stderr_handler() -> logging.Handler:
+    """The log handler of the worker commands (``alkstore worker``, ``flask alkstore
+    worker``): lines on stderr, escaped by ``ShownFormatter``."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(ShownFormatter(LOG_FORMAT))
+    return handler

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 import alkstore_sa as alk
 from tests.acceptance.test_cli_errors import STARTUP, env
+from tests.acceptance.test_cli_shown import EVIL, SHOWN, assert_inert
 from tests.support import Target, wait_for
 
 pytest.importorskip("flask_sqlalchemy")
@@ -46,6 +47,11 @@ def record(n):
 async def arecord(n):
     db.session.execute(sa.text(f"INSERT INTO {DONE} (n, app) VALUES (:n, :app)"), {"n": n, "app": current_app.name})
     db.session.commit()
+
+
+@tasks.task(queue=os.environ.get("EVIL_QUEUE", "evil"), name="flaskapp.explode")
+def explode(message):
+    raise RuntimeError(message)
 
 
 def create_app():
@@ -178,3 +184,20 @@ def test_flask_alkstore_worker_refuses_a_repeated_single_valued_option(
     assert proc.returncode == 2, (out, err)
     assert "given more than once" in err and argv[-2] in err, err
     assert "worker:" not in out  # nothing ran
+
+
+def test_flask_alkstore_workers_log_is_inert(sqlite_db: Target, tmp_path: Path, qname: str) -> None:
+    """As ``alkstore worker``'s: a failing task's message reaches stderr escaped (a handler's
+    exception text is not the terminal's to obey)."""
+    (tmp_path / "flaskapp.py").write_text(APP)
+    store = sqlite_db.store()
+    store.queue(f"{qname}-evil").enqueue({"task": "flaskapp.explode", "args": [EVIL], "kwargs": {}})
+    store.close()
+    proc = _start(
+        tmp_path, ("--burst",), APP_DATABASE_URL=sqlite_db.url, APP_SCHEMA=sqlite_db.schema,
+        DONE_TABLE="done", SYNC_QUEUE=f"{qname}-sync", ASYNC_QUEUE=f"{qname}-async", EVIL_QUEUE=f"{qname}-evil",
+    )
+    out, err = proc.communicate(timeout=STARTUP)
+    assert proc.returncode == 0, (out, err)
+    assert_inert(out + err)
+    assert f": {SHOWN}\n" in err, err
