@@ -701,13 +701,15 @@ def test_maintenance_recipe_moves_an_expired_job_to_dead(
     for t in threads:
         t.start()
     try:
+        # the sweep's count is noted once sweep_expired returned, just after its commit
+        # made the job dead: wait for both
         dead = wait_for(
-            lambda: (j := dbstore.get_job(doomed)) is not None and j.state == "dead" and j,
+            lambda: any(s.expired == 1 for s in swept)
+            and (j := dbstore.get_job(doomed)) is not None and j.state == "dead" and j,
             "the maintenance job to sweep the expired job",
             timeout=20,
         )
         assert dead.last_error == "expired" and dead.died_at is not None
-        assert any(s.expired == 1 for s in swept)
         kept = dbstore.get_job(keeper)
         assert kept is not None and kept.state == "pending"
     finally:
