@@ -14,7 +14,6 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import AssertionPool, NullPool, SingletonThreadPool, StaticPool
 
@@ -29,7 +28,7 @@ from ._registry import store_for as store_for
 from ._rows import job_from_row
 from ._sqlite import _main_file, configure_sqlite_engine
 from ._urls import engine_from_url, in_memory_sqlite, parse_url
-from .errors import InvalidOptions, StoreClosed
+from .errors import AlkstoreError, InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
 
@@ -373,7 +372,11 @@ class Store:
         try:
             with self.engine.connect() as conn:
                 check_schema(conn, self.schema)
-        except sa.exc.DBAPIError as exc:
+        except AlkstoreError:
+            raise  # NotInstalled, SchemaOutdated, SchemaTooNew: already the answer
+        except Exception as exc:
+            # a driver error, or none at all: the pool's TimeoutError when the application
+            # holds every connection of a bounded pool (SPEC §3: an AlkstoreError either way)
             raise self.backend.translate_error(exc) from exc
         self._schema_checked = True
 

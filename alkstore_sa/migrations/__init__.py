@@ -168,7 +168,7 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
                 return
             with installing(connection, schema):
                 command.upgrade(alembic_config(connection, schema), revision)
-    except sa.exc.DBAPIError as exc:
+    except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:  # TimeoutError: a pool with none to spare
         raise _driver_error("installing the alkstore schema failed", exc) from exc
     except CommandError as exc:
         raise InvalidOptions(f"alkstore migrations: {exc}") from exc
@@ -185,7 +185,7 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
                 raise SchemaTooNew(too_new_message(current))
             with connection.begin():
                 command.downgrade(alembic_config(connection, schema), revision)
-    except sa.exc.DBAPIError as exc:
+    except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:
         raise _driver_error("removing the alkstore schema failed", exc) from exc
     except CommandError as exc:
         raise InvalidOptions(f"alkstore migrations: {exc}") from exc
@@ -226,8 +226,8 @@ def _beyond_this_library(current: str, revision: str) -> None:
     raise SchemaTooNew(too_new_message(current))
 
 
-def _driver_error(what: str, exc: sa.exc.DBAPIError) -> DatabaseError:
-    orig = exc.orig or exc
+def _driver_error(what: str, exc: sa.exc.DBAPIError | sa.exc.TimeoutError) -> DatabaseError:
+    orig = getattr(exc, "orig", None) or exc
     message = f"{what}: {type(orig).__name__}: {' '.join(str(orig).split())}"
     if getattr(orig, "sqlstate", None) == "42501":  # insufficient_privilege
         message += (

@@ -217,3 +217,28 @@ def test_a_closed_store_keeps_nothing_of_its_engine_alive(db: Target, qname: str
     closed = use_and_close()
     gc.collect()
     assert closed() is None
+
+
+@pytest.mark.parametrize("first", ["check_schema", "install", "enqueue", "stats"])
+def test_an_exhausted_pool_raises_an_alkstore_error_on_the_first_operation(
+    db: Target, qname: str, first: str
+) -> None:
+    """pool_size=1, max_overflow=0, shared by the application and the store: while the
+    application's session holds the one connection, the store's operation cannot get one
+    and fails after ``pool_timeout`` — with a DatabaseError (SPEC §3: every raised error is
+    an AlkstoreError), also on the store's first operation, which checks the schema first
+    (that check let SQLAlchemy's TimeoutError through)."""
+    engine = _engine(db, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    store = alk.Store(engine, schema=db.schema)
+    q = store.queue(qname)
+    try:
+        with Session(engine) as session:
+            session.execute(sa.text("SELECT 1"))  # the application holds the only connection
+            op = {"check_schema": store.check_schema, "install": store.install, "enqueue": lambda: q.enqueue("x"), "stats": q.stats}[first]
+            with pytest.raises(alk.DatabaseError) as caught:
+                op()
+            assert isinstance(caught.value.orig, sa.exc.TimeoutError)
+        assert q.enqueue("x") > 0  # the connection is back: the store works
+    finally:
+        store.close()
+        engine.dispose()
