@@ -120,11 +120,36 @@ def _materialized(select: sa.Select[Any] | sa.CompoundSelect, name: str) -> sa.C
     return select.cte(name).prefix_with("MATERIALIZED")
 
 
-_direct: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_DIRECTNESS_SQL = (
+# What the store learns once per physical connection (one round trip): whether it reaches
+# the server directly, and the isolation level its autocommit statements would run at.
+_facts: weakref.WeakKeyDictionary[Any, tuple[bool, str]] = weakref.WeakKeyDictionary()
+_FACTS_SQL = (
     "SELECT pg_catalog.pg_backend_pid(), pg_catalog.inet_client_addr(), pg_catalog.inet_client_port(),"
-    " pg_catalog.inet_server_addr(), pg_catalog.inet_server_port()"
+    " pg_catalog.inet_server_addr(), pg_catalog.inet_server_port(),"
+    " pg_catalog.current_setting('default_transaction_isolation')"
 )
+# The level every statement of the store is written for: SKIP LOCKED claims, claim-fenced
+# handle operations and ON CONFLICT upserts that re-check a row a concurrent transaction
+# changed. Under REPEATABLE READ or SERIALIZABLE such a statement fails instead
+# ("could not serialize access"): claims and acks of a busy queue would fail by the dozen.
+_STORE_ISOLATION = "read committed"
+_SET_ISOLATION = "SELECT pg_catalog.set_config('default_transaction_isolation', %(level)s, false)"
+
+
+def _connection_facts(dbapi_conn: Any) -> tuple[bool, str]:
+    """(reaches the server directly, default_transaction_isolation) of this physical
+    connection: one round trip, remembered. Directness is False whenever it cannot be shown;
+    the isolation level is the session's (a role's or database's ``SET``, or the URL's
+    ``options=-c default_transaction_isolation=...``)."""
+    known = _facts.get(dbapi_conn)
+    if known is None:
+        row = dbapi_conn.execute(_FACTS_SQL).fetchone()
+        try:
+            direct = _check_directness(dbapi_conn, row[:5])
+        except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
+            direct = False
+        known = _facts[dbapi_conn] = (direct, str(row[5]))
+    return known
 
 
 def _reaches_server_directly(dbapi_conn: Any) -> bool:
@@ -135,18 +160,14 @@ def _reaches_server_directly(dbapi_conn: Any) -> bool:
     those); for a Unix
     socket, our peer is the postmaster that forked the backend. One round trip per physical
     connection (remembered); False whenever it cannot be shown."""
-    known = _direct.get(dbapi_conn)
-    if known is None:
-        try:
-            known = _check_directness(dbapi_conn)
-        except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
-            known = False
-        _direct[dbapi_conn] = known
-    return known
+    try:
+        return _connection_facts(dbapi_conn)[0]
+    except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
+        return False
 
 
-def _check_directness(dbapi_conn: Any) -> bool:
-    backend_pid, client_addr, client_port, server_addr, server_port = dbapi_conn.execute(_DIRECTNESS_SQL).fetchone()
+def _check_directness(dbapi_conn: Any, row: Sequence[Any]) -> bool:
+    backend_pid, client_addr, client_port, server_addr, server_port = row
     with socket.socket(fileno=os.dup(dbapi_conn.pgconn.socket)) as sock:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             ours, theirs = sock.getsockname(), sock.getpeername()
@@ -231,8 +252,19 @@ class PostgresBackend(Backend):
         return sa.cast(appended, sa.Text)
 
     def prepare_connection(self, dbapi_conn: Any) -> Any:
-        saved = (dbapi_conn.autocommit, dbapi_conn.prepare_threshold)
+        saved: tuple[Any, Any, str | None] = (dbapi_conn.autocommit, dbapi_conn.prepare_threshold, None)
         dbapi_conn.autocommit = True
+        # The store's statements run at READ COMMITTED, whatever the session's default
+        # (_STORE_ISOLATION says why); the application's own level is put back on return.
+        # Only on a direct connection: through a transaction-mode pooler a session setting
+        # would stay on a server connection that other clients get next.
+        try:
+            direct, isolation = _connection_facts(dbapi_conn)
+        except Exception:  # noqa: BLE001 - a dead connection: the liveness check drops it
+            direct, isolation = False, _STORE_ISOLATION
+        if isolation != _STORE_ISOLATION and direct:
+            dbapi_conn.execute(_SET_ISOLATION, {"level": _STORE_ISOLATION})
+            saved = (*saved[:2], isolation)
         # Server-side prepared statements (psycopg prepares a statement after 5 runs) only
         # where the connection provably reaches the server directly. Behind a
         # transaction-mode pooler (PgBouncer) they are named per client and collide across
@@ -252,7 +284,10 @@ class PostgresBackend(Backend):
         return dbapi_conn.cursor().execute  # type: ignore[no-any-return]
 
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
-        dbapi_conn.autocommit, dbapi_conn.prepare_threshold = saved
+        autocommit, prepare_threshold, isolation = saved
+        if isolation is not None:
+            dbapi_conn.execute(_SET_ISOLATION, {"level": isolation})
+        dbapi_conn.autocommit, dbapi_conn.prepare_threshold = autocommit, prepare_threshold
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         if getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False):

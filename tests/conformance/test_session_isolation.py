@@ -1,0 +1,62 @@
+"""The store's own statements run at READ COMMITTED whatever isolation level the
+application's sessions default to (PostgreSQL only: a role's or database's ``SET
+default_transaction_isolation``, or ``options=-c default_transaction_isolation=...`` in the
+URL), and the application's connections keep their own level."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+from tests.support import PG_URL, Target, wait_for
+
+
+@pytest.mark.parametrize("level", ["serializable", "repeatable read"])
+def test_a_handle_op_racing_a_row_update_lands_under_a_strict_session_default(
+    pg_db: Target, qname: str, level: str
+) -> None:
+    """An ack waiting for a row another transaction updates lands once that one commits,
+    as it does at READ COMMITTED — under a stricter session default it failed with
+    'could not serialize access due to concurrent update' (DatabaseError), and a busy
+    queue's claims and acks failed by the dozen the same way."""
+    engine = sa.create_engine(
+        PG_URL, pool_size=1, max_overflow=0,
+        connect_args={"options": "-c default_transaction_isolation=" + level.replace(" ", "\\ ")},
+    )
+    store = alk.Store(engine, schema=pg_db.schema)
+    try:
+        q = store.queue(qname)
+        job_id = q.enqueue("x")
+        h = q.claim_one("w")
+        assert h is not None and h.id == job_id
+        result: list[object] = []
+        with pg_db.engine.connect() as other:  # another session (READ COMMITTED) updates the row
+            other.exec_driver_sql(
+                f"UPDATE {pg_db.table('alkstore_jobs')} SET priority = priority WHERE id = %(id)s", {"id": job_id}
+            )
+
+            def ack() -> None:
+                try:
+                    result.append(h.ack())
+                except Exception as exc:  # noqa: BLE001 - the test reports it
+                    result.append(exc)
+
+            acker = threading.Thread(target=ack)
+            acker.start()
+            wait_for(
+                lambda: pg_db.scalar("SELECT count(*) FROM pg_catalog.pg_locks WHERE NOT granted"),
+                "the ack to wait for the row lock",
+            )
+            other.commit()
+            acker.join()
+        assert result == [True]
+        assert q.get_job(job_id) is None
+        with Session(engine) as session:  # the pool's one connection keeps the app's level
+            assert session.execute(sa.text("SHOW transaction_isolation")).scalar() == level
+    finally:
+        store.close()
+        engine.dispose()
