@@ -21,10 +21,12 @@ from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.util.concurrency import in_greenlet
 
 from . import _validate as v
+from ._backends import backend_for
 from ._rows import job_from_row
 from .errors import InvalidOptions
 from .model import Job
 from .queue import DEFAULT_OPTS, Queue, encode_all, enqueue_params
+from .schema import DEFAULT_SCHEMA
 from .store import Store, _DefaultStore, store_for
 
 if TYPE_CHECKING:
@@ -44,7 +46,12 @@ def connection_of(session: SessionLike, function: str = "enqueue") -> Connection
     if isinstance(session, (Session, scoped_session)):
         bind = _bind_of(session, function)
         _refuse_outside_run_sync(bind.dialect, session, function)  # before any I/O
-        return session.connection()
+        try:
+            return session.connection()
+        except Exception as exc:
+            # the session's own checkout or begin failed (server down, a pool with none to
+            # spare, a transaction SQLAlchemy wants rolled back): an AlkstoreError as well
+            raise backend_for(bind.dialect.name, DEFAULT_SCHEMA).translate_error(exc) from exc
     if is_async_session(session):
         raise InvalidOptions(
             f"alk.{function} got an {type(session).__name__}: use `await alk.a{function}(...)`"

@@ -67,3 +67,28 @@ def test_connection_block_rolls_back_on_error(app_engine: sa.Engine, store: alk.
     handle = q.claim_one("w")
     assert handle is not None and handle.id == kept and handle.payload == {"row": "kept"}
     assert _notes(app_engine) == ["kept"]
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many", "get_job", "outbox_enqueue", "publish", "notify"])
+def test_a_session_that_cannot_get_a_connection_raises_an_alkstore_error(db: Target, qname: str, call: str) -> None:
+    """The session's own checkout fails (here: a pool with none to spare, as when the
+    server is down) before any statement: the caller gets a DatabaseError (SPEC §3), with
+    the driver's or pool's exception as ``.orig`` — SQLAlchemy's TimeoutError (or
+    OperationalError) escaped from session.connection()."""
+    engine = sa.create_engine(db.url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    store = alk.Store(engine, schema=db.schema)
+    args = {
+        "enqueue": (qname, "x"), "enqueue_many": (qname, ["x"]), "get_job": (qname, 1),
+        "outbox_enqueue": (qname, "x"), "publish": (qname, "x"), "notify": (qname, "x"),
+    }[call]
+    try:
+        with engine.connect() as held:  # someone else holds the only connection
+            held.execute(sa.text("SELECT 1"))
+            session = sessionmaker(engine)()
+            with pytest.raises(alk.DatabaseError) as caught:
+                getattr(alk, call)(session, *args)
+            assert isinstance(caught.value.orig, sa.exc.TimeoutError)
+            session.close()
+    finally:
+        store.close()
+        engine.dispose()
