@@ -39,7 +39,15 @@ def _rows(dbapi_conn: Any, sql: str) -> list[Any]:
         cursor.close()
 
 
-def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+# The settings' generation a pooled connection (its ConnectionRecord's info) has: every
+# configure_sqlite_engine() call of an async engine starts a new one (see there).
+_CONFIGURED = "alkstore_sqlite_generation"
+_generation = [0]
+
+
+def _on_connect(dbapi_conn: Any, record: Any) -> None:
+    if record is not None:
+        record.info[_CONFIGURED] = _generation[0]
     _rows(dbapi_conn, f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     ((limit,),) = _rows(dbapi_conn, "PRAGMA journal_size_limit")
     if limit == -1:  # SQLite's "no limit": any other value is the application's own choice, kept
@@ -81,9 +89,25 @@ def _alkstore_installed(dbapi_conn: Any) -> bool:
     return bool(_rows(dbapi_conn, "SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = 'alkstore_alembic_version'"))
 
 
+def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+    """A connection an async engine's pool held before the latest ``configure_sqlite_engine``
+    gets the settings at its next checkout."""
+    if record.info.get(_CONFIGURED, -1) < _generation[0]:
+        _on_connect(dbapi_conn, record)
+
+
 def configure_sqlite_engine(engine: Engine) -> None:
-    """Apply the settings to every connection the engine opens from now on."""
+    """Apply the settings to every connection of the engine: those it opens from now on, and
+    those its pool already holds. A sync engine's pool starts afresh; an async engine's
+    (aiosqlite) connections cannot be closed from synchronous code — disposing of its pool
+    in a FastAPI lifespan, after the app's first query, logged a MissingGreenlet "Exception
+    closing connection" per pooled connection and left each one unclosed — so each gets the
+    settings at its next checkout instead (inside the engine's greenlet)."""
     if not event.contains(engine, "connect", _on_connect):
         event.listen(engine, "connect", _on_connect)
-    # connections the pool already holds were opened without the hook
-    engine.pool.dispose()
+    if not engine.dialect.is_async:
+        engine.pool.dispose()  # connections the pool already holds were opened without the hook
+        return
+    _generation[0] += 1
+    if not event.contains(engine, "checkout", _on_checkout):
+        event.listen(engine, "checkout", _on_checkout)

@@ -50,3 +50,40 @@ def test_register_refuses_another_database_kind(db: Target) -> None:
         store.register(engine)
     asyncio.run(engine.dispose())
     store.close()
+
+
+@pytest.mark.parametrize("how", ["Store(engine)", "register(engine)"])
+def test_an_aiosqlite_engine_that_already_connected_is_configured_without_closing_from_sync_code(
+    sqlite_db: Target, qname: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FastAPI lifespan makes the store after the app's first query: the aiosqlite pool
+    already holds a connection. The store's SQLite settings reach it at its next checkout;
+    they used to be applied by disposing of the pool, which closed that connection from
+    synchronous code — a MissingGreenlet 'Exception closing connection' logged, and the
+    connection never closed."""
+
+    async def scenario() -> tuple[int, int]:
+        engine = create_async_engine(_async_url(sqlite_db))
+        async with engine.begin() as conn:  # the app's startup query: a pooled connection now
+            await conn.exec_driver_sql("SELECT 1")
+        if how == "Store(engine)":
+            store = alk.Store(engine)
+        else:
+            store = alk.Store(sqlite_db.url)
+            store.register(engine)
+        try:
+            async with engine.connect() as conn:
+                busy = (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar_one()
+            async with AsyncSession(engine) as session:
+                job_id = await alk.aenqueue(session, qname, "x")
+                await session.commit()
+            return busy, job_id
+        finally:
+            store.close()
+            await engine.dispose()
+
+    with caplog.at_level("ERROR"):
+        busy, job_id = asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    assert busy == 60_000
+    assert job_id > 0
