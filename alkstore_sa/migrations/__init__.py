@@ -95,6 +95,12 @@ def installing(connection: Connection, schema: str) -> Iterator[None]:
             lock_installs(connection)
             connection.execute(sa.schema.CreateSchema(schema, if_not_exists=True))
         elif connection.dialect.name == "sqlite":
+            if getattr(connection.connection.driver_connection, "in_transaction", False):
+                # the application's ``begin`` hook (SQLAlchemy's pysqlite recipe:
+                # isolation_level=None, then BEGIN on begin) already began one, with
+                # nothing in it yet: SQLite refuses a second BEGIN ("cannot start a
+                # transaction within a transaction"), so that one gives way to ours
+                connection.exec_driver_sql("ROLLBACK")
             connection.exec_driver_sql("BEGIN IMMEDIATE")
         yield
 
