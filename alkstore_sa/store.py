@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import AssertionPool, NullPool, SingletonThreadPool, StaticPool
 
@@ -438,6 +439,18 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
             "Store(create_engine('sqlite:///PATH')).register(engine)"
         )
     _refuse_in_memory(app.url)
+    if _has_own_creator(app):
+        # the creator decides where the engine connects, whatever its URL says (nothing,
+        # often: create_engine("postgresql+psycopg2://", creator=...)): an engine made from
+        # that URL would run the store on whatever database the driver's defaults reach,
+        # while the application's jobs go to the creator's — claimed by nobody
+        raise InvalidOptions(
+            "this engine connects through its own creator= (or async_creator=), so its URL "
+            "does not say which database it reaches, and the store cannot run on the engine "
+            "itself (an async or psycopg2 engine, or a pool that hands one connection to "
+            "several checkouts): make the store's engine on that database and register this "
+            "one, Store(create_engine('postgresql+psycopg://...' or 'sqlite:///PATH')).register(engine)"
+        )
     try:
         # the application's pool rules (SPEC §4) carry over; its connect_args cannot (they
         # live in its pool's creator, and are another driver's): docs/connections.md
@@ -449,6 +462,17 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
             f"register the application's: Store(create_engine(...)).register(engine)"
         ) from None
     return own, True, app
+
+
+# How SQLAlchemy names the creator it makes from an engine's URL (create_engine's own
+# ``connect``): any other is one the application passed (creator=, async_creator=).
+_URL_CREATOR = getattr(getattr(sa.create_engine("sqlite://").pool, "_creator", None), "__qualname__", None)
+
+
+def _has_own_creator(engine: Engine) -> bool:
+    """Whether ``engine``'s pool connects through a creator of the application's."""
+    name = getattr(getattr(engine.pool, "_creator", None), "__qualname__", None)
+    return _URL_CREATOR is not None and name is not None and name != _URL_CREATOR
 
 
 def _refuse_in_memory(url: URL) -> None:

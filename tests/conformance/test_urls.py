@@ -8,15 +8,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from alkstore_sa._urls import engine_from_url
 from tests.conftest import require_pg
-from tests.support import PG_URL, new_pg_schema
+from tests.support import PG_URL, Target, new_pg_schema
 
 
 def pg_url(drivername: str, query: str = "") -> str:
@@ -334,3 +336,39 @@ def test_uninstalled_sqlite_driver_is_a_clear_error() -> None:
 def test_non_url_types_are_refused() -> None:
     with pytest.raises(alk.InvalidOptions):
         engine_from_url(42)  # type: ignore[arg-type]
+
+
+def test_an_engine_the_store_cannot_run_on_with_its_own_creator_is_refused(db: Target, tmp_path: Path) -> None:
+    """A psycopg2 (or async, or StaticPool) engine whose creator= decides where it connects:
+    the store would make its own engine from the URL — which says nothing, or something
+    else — and run on whatever database that reaches, while the application's jobs go to
+    the creator's and are claimed by nobody. Refused, naming the cure, which works."""
+    import sqlite3
+
+    if db.kind == "postgresql":
+        import psycopg2
+
+        def creator() -> Any:
+            return psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="test")
+
+        app = sa.create_engine("postgresql+psycopg2://", creator=creator)
+    else:
+        path = db.url.removeprefix("sqlite:///")
+
+        def creator() -> Any:
+            return sqlite3.connect(path, check_same_thread=False)
+
+        # the URL names another file: the creator's is the one the application writes to
+        app = sa.create_engine(f"sqlite:///{tmp_path / 'elsewhere.db'}", creator=creator, poolclass=sa.pool.StaticPool)
+    try:
+        with pytest.raises(alk.InvalidOptions, match="creator=.*register"):
+            alk.Store(app, schema=db.schema)
+        with alk.Store(db.engine, schema=db.schema) as store:  # the cure
+            store.register(app)
+            with Session(app) as session:
+                job_id = alk.enqueue(session, "creator-q", "x")
+                session.commit()
+            handle = store.queue("creator-q").claim_one("w")
+            assert handle is not None and handle.id == job_id and handle.ack()
+    finally:
+        app.dispose()
