@@ -102,23 +102,41 @@ class SessionExecutor:
 
     def rows(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         args = self._params(sql, params)
+        began = self._driver_in_transaction()
         try:
             return [tuple(r) for r in self._conn.exec_driver_sql(sql, args)]
         except Exception as exc:
-            raise self._failed(exc) from exc
+            raise self._failed(exc, began) from exc
 
     def rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
         args = self._params(sql, params)
+        began = self._driver_in_transaction()
         try:
             return self._conn.exec_driver_sql(sql, args).rowcount
         except Exception as exc:
-            raise self._failed(exc) from exc
+            raise self._failed(exc, began) from exc
 
-    def _failed(self, exc: Exception) -> BaseException:
+    def _driver_in_transaction(self) -> bool:
+        """Whether the driver has a transaction open (SQLite: sqlite3's and aiosqlite's
+        ``in_transaction``); False where the failure itself says it (PostgreSQL)."""
+        if self.backend.failure_aborts_transaction:
+            return False
+        try:
+            return bool(getattr(self._conn.connection.driver_connection, "in_transaction", False))
+        except Exception:  # noqa: BLE001 - no connection to ask: the statement will say why
+            return False
+
+    def _failed(self, exc: Exception, began: bool) -> BaseException:
         """The alkstore error for ``exc``, after making sure the caller cannot commit a
-        transaction the failure ended (SPEC §13)."""
+        transaction the failure ended (SPEC §13): on PostgreSQL every failed statement
+        aborts it; SQLite keeps it after most failures, but rolls the whole transaction
+        back after some (an interrupt — ``sqlite3.Connection.interrupt()`` or a progress
+        handler's time limit —, I/O errors, out of memory), and the caller's COMMIT would
+        then succeed with nothing to commit: the caller's own rows lost without an error."""
         if self.backend.failure_aborts_transaction:
             _fail_transaction(self._conn)
+        elif began and not self._driver_in_transaction():
+            _fail_transaction(self._conn, lost=True)
         return self.backend.translate_error(exc)
 
     def transaction(self) -> contextlib.nullcontext[None]:
@@ -148,19 +166,21 @@ def session_executor(conn: Connection, backend: Backend) -> SessionExecutor:
     return SessionExecutor(conn, backend)
 
 
-def _fail_transaction(conn: Connection) -> None:
+def _fail_transaction(conn: Connection, *, lost: bool = False) -> None:
     """After a statement failed in the caller's transaction on PostgreSQL: the server has
     aborted that transaction, and a later COMMIT would be answered with a silent ROLLBACK —
     the caller's own rows lost with no error (every driver reports that COMMIT as a
     success). Invalidating the connection makes SQLAlchemy refuse the commit
     (``PendingRollbackError``) until the caller rolls back. Inside a SAVEPOINT nothing is
     done: rolling back to it makes the transaction usable again, and releasing it fails
-    loudly. Nor in autocommit, where no transaction was lost."""
+    loudly. Nor in autocommit, where no transaction was lost. ``lost``: the database has
+    already rolled back the whole transaction, SAVEPOINTs included (SQLite), so there is
+    no savepoint left to go back to either."""
     try:
         autocommit = conn._is_autocommit_isolation()
     except AttributeError:  # a SQLAlchemy without it: treat as transactional (the safe side)
         autocommit = False
-    if autocommit or not conn.in_transaction() or conn.in_nested_transaction():
+    if autocommit or not conn.in_transaction() or (conn.in_nested_transaction() and not lost):
         return
     with contextlib.suppress(Exception):  # the statement's own error is the one to raise
         conn.invalidate()

@@ -1,0 +1,65 @@
+"""SQLite rolls a whole transaction back after some failures of a statement — an interrupt
+(``sqlite3.Connection.interrupt()``, or a progress handler used as a time limit), an I/O
+error, out of memory. When that statement is a caller's-transaction call, the caller's
+later commit must fail (SPEC §13), not succeed with nothing to commit (SQLite only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import alkstore_sa as alk
+from tests.support import Target
+
+orders = sa.Table("lost_tx_orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("note", sa.Text))
+
+
+def _interrupt_next_statement(conn: sa.Connection) -> None:
+    """The application's time limit fires once, in the next statement (a progress handler
+    that asks SQLite to stop: SQLITE_INTERRUPT)."""
+    fired: list[bool] = []
+
+    def handler() -> int:
+        if fired:
+            return 0
+        fired.append(True)
+        return 1
+
+    conn.connection.driver_connection.set_progress_handler(handler, 1)  # type: ignore[union-attr]
+
+
+def _notes(target: Target) -> list[str]:
+    with target.engine.connect() as conn:
+        return list(conn.scalars(sa.select(orders.c.note)))
+
+
+@pytest.mark.parametrize("target", ["session", "connection", "savepoint"])
+def test_an_interrupted_enqueue_makes_the_commit_fail(sqlite_db: Target, qname: str, target: str) -> None:
+    """SQLite rolled the caller's transaction back (its own order row with it) and the
+    commit returned as if it had written the order: now it raises."""
+    orders.create(sqlite_db.engine)
+    store = sqlite_db.store()
+    try:
+        with Session(sqlite_db.engine) as session:
+            conn: Any = session if target != "connection" else session.connection()
+            session.execute(orders.insert().values(note="mine"))
+            nested = session.begin_nested() if target == "savepoint" else None
+            _interrupt_next_statement(session.connection())
+            with pytest.raises(alk.DatabaseError, match="interrupted"):
+                alk.enqueue(conn, qname, {"order": "mine"})
+            if nested is not None:
+                nested.rollback()  # what `with session.begin_nested():` does on the error
+            with pytest.raises(sa.exc.SQLAlchemyError):
+                session.commit()
+            session.rollback()
+            # usable again, on a fresh connection: the request can start over
+            session.execute(orders.insert().values(note="again"))
+            job_id = alk.enqueue(session, qname, {"order": "again"})
+            session.commit()
+        assert _notes(sqlite_db) == ["again"]
+        assert store.get_job(job_id) is not None
+    finally:
+        store.close()
