@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
 
 BUSY_TIMEOUT_MS = 60_000
 # The size, in bytes, a WAL file is truncated back to when a checkpoint lets it restart.
@@ -39,8 +40,12 @@ def _rows(dbapi_conn: Any, sql: str) -> list[Any]:
         cursor.close()
 
 
+# Pools that hand one connection to several checkouts: the store never borrows from one
+# (store._own_engine), nor disposes of one (configure_sqlite_engine).
+_SHARING_POOLS = (StaticPool, SingletonThreadPool, AssertionPool)
+
 # The settings' generation a pooled connection (its ConnectionRecord's info) has: every
-# configure_sqlite_engine() call of an async engine starts a new one (see there).
+# configure_sqlite_engine() call that does not dispose of the pool starts a new one (see there).
 _CONFIGURED = "alkstore_sqlite_generation"
 _generation = [0]
 
@@ -90,22 +95,26 @@ def _alkstore_installed(dbapi_conn: Any) -> bool:
 
 
 def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
-    """A connection an async engine's pool held before the latest ``configure_sqlite_engine``
-    gets the settings at its next checkout."""
+    """A connection the pool held before the latest ``configure_sqlite_engine`` (of an async
+    engine, or a pool sharing its connection) gets the settings at its next checkout."""
     if record.info.get(_CONFIGURED, -1) < _generation[0]:
         _on_connect(dbapi_conn, record)
 
 
 def configure_sqlite_engine(engine: Engine) -> None:
     """Apply the settings to every connection of the engine: those it opens from now on, and
-    those its pool already holds. A sync engine's pool starts afresh; an async engine's
-    (aiosqlite) connections cannot be closed from synchronous code — disposing of its pool
-    in a FastAPI lifespan, after the app's first query, logged a MissingGreenlet "Exception
-    closing connection" per pooled connection and left each one unclosed — so each gets the
-    settings at its next checkout instead (inside the engine's greenlet)."""
+    those its pool already holds. A sync engine's queue pool starts afresh (it closes only
+    the idle ones). Otherwise each connection gets the settings at its next checkout:
+    an async engine's (aiosqlite) connections cannot be closed from synchronous code —
+    disposing of its pool in a FastAPI lifespan, after the app's first query, logged a
+    MissingGreenlet "Exception closing connection" per pooled connection and left each one
+    unclosed — and a pool that shares its connection between checkouts (StaticPool,
+    SingletonThreadPool, AssertionPool) closes it on dispose even while the application's
+    open transaction is on it: a Store made (or an engine register()ed) then lost that
+    transaction's rows."""
     if not event.contains(engine, "connect", _on_connect):
         event.listen(engine, "connect", _on_connect)
-    if not engine.dialect.is_async:
+    if not engine.dialect.is_async and not isinstance(engine.pool, _SHARING_POOLS):
         engine.pool.dispose()  # connections the pool already holds were opened without the hook
         return
     _generation[0] += 1

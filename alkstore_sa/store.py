@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.pool import AssertionPool, NullPool, SingletonThreadPool, StaticPool
+from sqlalchemy.pool import NullPool
 
 from . import _registry
 from . import _validate as v
@@ -27,7 +27,7 @@ from ._registry import DEFAULT_MAX_PAYLOAD
 from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, transactional
 from ._registry import store_for as store_for
 from ._rows import job_from_row
-from ._sqlite import _main_file, configure_sqlite_engine
+from ._sqlite import _SHARING_POOLS, _main_file, configure_sqlite_engine
 from ._urls import engine_from_url, in_memory_sqlite, parse_url
 from .errors import AlkstoreError, InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
@@ -400,11 +400,11 @@ class Store:
         return session_executor(conn, self.backend.for_dialect(conn.dialect))
 
 
-# Pools whose checkouts can get the connection another checkout holds (StaticPool: every
+# _SHARING_POOLS (from _sqlite, whose settings must not dispose of such a pool either):
+# pools whose checkouts can get the connection another checkout holds (StaticPool: every
 # checkout; SingletonThreadPool: every checkout of a thread; AssertionPool allows one at a
 # time): a store operation there would run inside the application's open transaction, and
 # its own commit or rollback would end the application's.
-_SHARING_POOLS = (StaticPool, SingletonThreadPool, AssertionPool)
 
 
 def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:

@@ -242,3 +242,39 @@ def test_an_exhausted_pool_raises_an_alkstore_error_on_the_first_operation(
     finally:
         store.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("pool", [sa.pool.StaticPool, sa.pool.SingletonThreadPool])
+@pytest.mark.parametrize("how", ["Store(engine)", "register(engine)"])
+def test_a_store_made_while_the_app_holds_a_shared_sqlite_connection_keeps_its_transaction(
+    sqlite_db: Target, qname: str, pool: Any, how: str
+) -> None:
+    """SQLite, a pool that hands one connection to every checkout (the FastAPI tutorial's
+    StaticPool with check_same_thread=False): a Store made, or the engine register()ed,
+    while a request's transaction is open on that connection. Applying the store's SQLite
+    settings disposed of the pool, which closed that very connection: the request's order
+    and its job were lost and its commit failed ('Cannot operate on a closed database')."""
+    engine = sa.create_engine(sqlite_db.url, poolclass=pool, connect_args={"check_same_thread": False})
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE shared_orders (id INTEGER PRIMARY KEY, note TEXT)")
+    first = alk.Store(engine)  # made at startup
+    later: alk.Store | None = None
+    try:
+        with Session(engine) as session:
+            session.execute(sa.text("INSERT INTO shared_orders (note) VALUES ('mine')"))
+            job_id = alk.enqueue(session, qname, {"order": "mine"})
+            if how == "Store(engine)":
+                later = alk.Store(engine)
+            else:
+                later = alk.Store(sqlite_db.url)
+                later.register(engine)
+            session.commit()
+        assert sqlite_db.scalar("SELECT count(*) FROM shared_orders") == 1
+        assert first.get_job(job_id) is not None
+        with engine.connect() as conn:  # the settings reached the shared connection too
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 60_000
+    finally:
+        if later is not None:
+            later.close()
+        first.close()
+        engine.dispose()
