@@ -63,3 +63,39 @@ def test_an_interrupted_enqueue_makes_the_commit_fail(sqlite_db: Target, qname: 
         assert store.get_job(job_id) is not None
     finally:
         store.close()
+
+
+def test_an_interrupted_aenqueue_makes_the_commit_fail(sqlite_db: Target, qname: str) -> None:
+    """The same through aiosqlite and ``alk.aenqueue``."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    orders.create(sqlite_db.engine)
+
+    async def scenario() -> None:
+        engine = create_async_engine(sqlite_db.url.replace("sqlite:///", "sqlite+aiosqlite:///", 1))
+        store = alk.Store(engine)
+        try:
+            async with AsyncSession(engine) as session:
+                await session.execute(orders.insert().values(note="mine"))
+                raw = await (await session.connection()).get_raw_connection()
+                fired: list[bool] = []
+
+                def handler() -> int:
+                    if fired:
+                        return 0
+                    fired.append(True)
+                    return 1
+
+                await raw.driver_connection.set_progress_handler(handler, 1)  # type: ignore[union-attr]
+                with pytest.raises(alk.DatabaseError, match="interrupted"):
+                    await alk.aenqueue(session, qname, {"order": "mine"})
+                with pytest.raises(sa.exc.SQLAlchemyError):
+                    await session.commit()
+        finally:
+            store.close()
+            await engine.dispose()
+
+    asyncio.run(scenario())
+    assert _notes(sqlite_db) == []
