@@ -85,6 +85,15 @@ class _Transaction:
             self._backend.rollback(self._conn)
 
 
+# Whatever the caller's engine, session or connection asks for (``stream_results=True``,
+# ``yield_per``), our statements run on an ordinary cursor: a server-side cursor (psycopg,
+# psycopg2) wraps the statement in DECLARE ... CURSOR FOR, which PostgreSQL refuses for an
+# INSERT (a syntax error, and the caller's transaction aborted) and runs a SELECT only as
+# far as it is fetched. (``yield_per`` turns ``stream_results`` on again at execution, so
+# it is switched off too.)
+_PLAIN_CURSOR = {"stream_results": False, "yield_per": None}
+
+
 class SessionExecutor:
     """Runs compiled SQL on the caller's Connection, inside the caller's transaction
     (SQLAlchemy's events and echo still see every statement). The SQL was compiled for the
@@ -104,7 +113,7 @@ class SessionExecutor:
         args = self._params(sql, params)
         began = self._driver_in_transaction()
         try:
-            return [tuple(r) for r in self._conn.exec_driver_sql(sql, args)]
+            return [tuple(r) for r in self._conn.exec_driver_sql(sql, args, _PLAIN_CURSOR)]
         except Exception as exc:
             raise self._failed(exc, began) from exc
 
@@ -112,7 +121,7 @@ class SessionExecutor:
         args = self._params(sql, params)
         began = self._driver_in_transaction()
         try:
-            return self._conn.exec_driver_sql(sql, args).rowcount
+            return self._conn.exec_driver_sql(sql, args, _PLAIN_CURSOR).rowcount
         except Exception as exc:
             raise self._failed(exc, began) from exc
 

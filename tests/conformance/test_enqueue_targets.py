@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.orm import scoped_session, sessionmaker
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import alkstore_sa as alk
 from tests.support import Target
@@ -92,3 +92,34 @@ def test_a_session_that_cannot_get_a_connection_raises_an_alkstore_error(db: Tar
     finally:
         store.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("via", ["engine", "session", "connection"])
+def test_the_callers_stream_results_option_does_not_reach_our_statements(db: Target, qname: str, via: str) -> None:
+    """An engine, session or connection with ``stream_results=True`` (or ``yield_per``: a
+    reporting or export setup) made psycopg run our statements on a server-side cursor,
+    DECLARE ... CURSOR FOR INSERT: a syntax error (DatabaseError) and the caller's
+    transaction lost, for every function that writes."""
+    store = db.store()
+    try:
+        if via == "engine":
+            session = Session(db.engine.execution_options(stream_results=True))
+        elif via == "session":
+            session = Session(db.engine)
+            session.connection(execution_options={"stream_results": True, "yield_per": 10})
+        else:
+            session = Session(bind=db.engine.connect().execution_options(stream_results=True))
+        with session:
+            job_id = alk.enqueue(session, qname, "one")
+            more = alk.enqueue_many(session, qname, ["two", "three"])
+            held = alk.enqueue(session, qname, "four", unique_key="k")
+            assert alk.enqueue(session, qname, "again", unique_key="k") == held
+            assert alk.get_job(session, qname, job_id) is not None
+            alk.outbox_enqueue(session, qname, "out")
+            alk.publish(session, qname, "event")
+            alk.notify(session, qname, "ping")
+            session.commit()
+        q = store.queue(qname)
+        assert [h.id for h in q.claim_batch("w", 10)] == [job_id, *more, held]
+    finally:
+        store.close()
