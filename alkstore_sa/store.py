@@ -368,10 +368,10 @@ class Store:
         """Fail fast unless the database holds this library's schema version:
         NotInstalled (no tables) or SchemaOutdated (older), naming the command that fixes it."""
         self._check_open()
-        from .migrations import check_schema
+        from .migrations import check_schema, plain_connection
 
         try:
-            with self.engine.connect() as conn:
+            with plain_connection(self.engine) as conn:
                 check_schema(conn, self.schema)
         except AlkstoreError:
             raise  # NotInstalled, SchemaOutdated, SchemaTooNew: already the answer

@@ -161,7 +161,7 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
     """
     _validate.schema(schema)
     try:
-        with engine.connect() as connection:
+        with plain_connection(engine) as connection:
             if connection.dialect.name == "sqlite":
                 enable_wal(connection)  # also for an installed file that is not in WAL mode yet
             current = current_revision(connection, schema)
@@ -184,7 +184,7 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
     """Undo the packaged migrations down to ``revision`` (all of them by default)."""
     _validate.schema(schema)
     try:
-        with engine.connect() as connection:
+        with plain_connection(engine) as connection:
             current = current_revision(connection, schema)
             connection.rollback()
             if current is not None and current not in packaged_revisions():
@@ -195,6 +195,13 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
         raise _driver_error("removing the alkstore schema failed", exc) from exc
     except CommandError as exc:
         raise InvalidOptions(f"alkstore migrations: {exc}") from exc
+
+
+def plain_connection(engine: Engine) -> Connection:
+    """``engine.connect()`` without the streaming an application's engine may ask for
+    (``stream_results``, ``yield_per``): psycopg's server-side cursor wraps every statement
+    in DECLARE ... CURSOR FOR, which PostgreSQL refuses for DDL and writes."""
+    return engine.connect().execution_options(stream_results=False, yield_per=None)
 
 
 def enable_wal(connection: Connection) -> None:
