@@ -6,6 +6,9 @@ with one wake-up of the loop (``submit_all``). Closing cancels whatever still ru
 loop — jobs abandoned after the grace period, tasks that jobs spawned and left behind —
 gives them a bounded time to unwind (their ``finally`` blocks run), then stops and closes
 the loop, as ``asyncio.run`` does at its end.
+
+Until then nothing ends the loop: a ``SystemExit`` or ``KeyboardInterrupt`` raised by a task
+(asyncio lets those two escape ``run_forever``) is logged and the loop runs on.
 """
 
 from __future__ import annotations
@@ -51,7 +54,19 @@ class EventLoopThread:
         def run() -> None:
             asyncio.set_event_loop(loop)
             loop.call_soon(ready.set)
-            loop.run_forever()
+            while True:
+                try:
+                    loop.run_forever()
+                    return  # close() stopped it
+                except BaseException as exc:  # noqa: BLE001 - logged; the loop keeps serving
+                    # asyncio re-raises SystemExit and KeyboardInterrupt from a task or a
+                    # callback out of run_forever (a task a job spawned and left behind, say);
+                    # the loop is intact, the step that raised is done: run it on, or every
+                    # later async job would sit in its slot unrun
+                    log.error(
+                        "an asyncio task or callback on the worker's event loop raised %s; "
+                        "the loop keeps running", type(exc).__name__, exc_info=exc,
+                    )
 
         self._thread = threading.Thread(target=run, name=self.name, daemon=True)
         self._thread.start()

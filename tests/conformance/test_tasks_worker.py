@@ -395,6 +395,42 @@ def test_a_task_raising_systemexit_or_keyboardinterrupt_is_retried_with_that_err
         assert job.run_at.timestamp() > clock()  # on the backoff curve
 
 
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
+def test_a_background_asyncio_task_raising_systemexit_leaves_the_event_loop_running(
+    store: alk.Store, qname: str, raised: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio re-raises SystemExit and KeyboardInterrupt out of ``run_forever``: a task a
+    job spawned and left behind raising one ended the worker's event loop thread, and every
+    async job after it sat in its slot unrun (never acked, never retried) until the grace
+    period ran out at stop. The loop logs it and keeps serving."""
+    tasks = alk.Tasks()
+    raising = threading.Event()
+
+    @tasks.task(queue=qname, name="spawns")
+    async def spawns() -> None:
+        async def background() -> None:
+            await asyncio.sleep(0)
+            raising.set()
+            raise raised
+
+        asyncio.get_running_loop().create_task(background())  # outlives the job
+
+    @tasks.task(queue=qname, name="after")
+    async def after(n: int) -> None:
+        await asyncio.sleep(0)
+
+    first = spawns.enqueue(store)
+    with running(alk.Worker(store, tasks, concurrency=2, poll_interval=0.2, shutdown_grace=1)) as r:
+        assert raising.wait(WAIT), "the background task never ran"
+        wait_for(lambda: _job(store, qname, first) is None, "the spawning job's ack")
+        ids = [after.enqueue(store, n) for n in range(3)]
+        wait_for(lambda: all(_job(store, qname, i) is None for i in ids), "the acks of the async jobs after it")
+        r.stop_and_join()
+    assert any(
+        rec.levelno == logging.ERROR and type(raised).__name__ in rec.getMessage() for rec in caplog.records
+    ), [rec.getMessage() for rec in caplog.records]
+
+
 # -- what Fail and Retry carry -------------------------------------------------------------------
 
 
