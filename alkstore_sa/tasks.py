@@ -277,6 +277,9 @@ class Tasks:
         def decorate(f: Callable[P, R]) -> Task[P, R]:
             if not callable(f):
                 raise InvalidOptions(f"@tasks.task decorates a function, got a {type(f).__name__}")
+            problem = generator_problem(f, f"task {name or _default_name(f)!r}")
+            if problem is not None:
+                raise InvalidOptions(problem)
             task = Task(f, name=name or _default_name(f), queue=queue, opts=opts, priority=priority)
             self._add(task)
             return task
@@ -346,6 +349,20 @@ def _default_name(func: Callable[..., Any]) -> str:
     if not isinstance(module, str) or not isinstance(qualname, str):
         raise InvalidOptions(f"cannot name a task after {func!r}: pass name=...")
     return v.name(f"{module}.{qualname}", "task name")
+
+
+def generator_problem(fn: object, what: str) -> str | None:
+    """Why ``fn`` cannot be a task or handler when it is a generator function (sync or
+    async: calling it runs none of its body, and the worker never iterates what it returns),
+    else None."""
+    for f in (fn, getattr(fn, "__call__", None)):  # noqa: B004 - a callable object's __call__
+        if inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
+            kind = "an async generator" if inspect.isasyncgenfunction(f) else "a generator"
+            return (
+                f"{what} is {kind} function: calling it runs none of its body and the worker "
+                "never iterates it; make it return (or, for async, end) when its work is done"
+            )
+    return None
 
 
 def _signature_of(func: Callable[..., Any]) -> inspect.Signature | None:

@@ -7,8 +7,8 @@ curve (``repr(exc)`` when ``str()`` fails, see ``text_of``; a ``SystemExit`` or 
 ends neither the worker nor the thread). Sync calls run on a runner thread (``outcome_of``), ``async def`` ones are awaited
 on the worker's event loop (``aoutcome_of``); both inside ``running(job)``, so
 ``alk.current_job()`` is the job in that thread or asyncio task. A sync call whose result
-is awaitable (a coroutine, a Future) is never acked: nothing ran it to completion, so the
-job is retried with an error saying so.
+is awaitable (a coroutine, a Future), or a generator or async generator, is never acked:
+nothing ran it to completion, so the job is retried with an error saying so.
 """
 
 from __future__ import annotations
@@ -122,8 +122,10 @@ def outcome_of(work: Work) -> Outcome:
         return _raised(work, exc)
     finally:
         work.duration = time.perf_counter() - started  # the handler's run time (metrics)
-    if result is not None and inspect.isawaitable(result):
-        message = _discard_awaitable(work.what, result)
+    if result is not None and (
+        inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result)
+    ):
+        message = _discard_unrun(work.what, result)
         log.warning("job %s of %r: %s", work.handle.id, work.handle._queue.name, message, extra=work.context)
         return Outcome("retry", message)
     return ACK
@@ -166,15 +168,23 @@ def _raised(work: Work, exc: BaseException) -> Outcome:
     return Outcome("retry", text or type(exc).__name__)
 
 
-def _discard_awaitable(what: str, result: Any) -> str:
-    """Close an unawaited coroutine (so it never runs, and Python does not warn that it was
-    never awaited) and say what happened."""
+def _discard_unrun(what: str, result: Any) -> str:
+    """Close what a sync call returned that holds its work unrun — a coroutine or awaitable
+    (so it never runs, and Python does not warn that it was never awaited), a generator or
+    an async generator (whose body never ran: nothing iterates it) — and say what happened."""
     if inspect.iscoroutine(result) or inspect.isgenerator(result):
         result.close()
+    if inspect.isawaitable(result):
+        return (
+            f"{what} returned an awaitable ({type(result).__name__}) but is not an async def "
+            "function: it was discarded unawaited and the job will be retried (declare it "
+            "`async def` for the worker to await it)"
+        )
+    kind = "an async generator" if inspect.isasyncgen(result) else "a generator"
     return (
-        f"{what} returned an awaitable ({type(result).__name__}) but is not an async def "
-        "function: it was discarded unawaited and the job will be retried (declare it "
-        "`async def` for the worker to await it)"
+        f"{what} returned {kind} ({type(result).__name__}): its body never ran (nothing "
+        "iterates it) and the job will be retried; a task or handler returns when its work "
+        "is done, it does not yield"
     )
 
 

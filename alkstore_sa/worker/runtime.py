@@ -25,7 +25,7 @@ from ..model import Job
 from ..queue import JobHandle, Queue
 from ..stop import StopToken
 from ..store import Store
-from ..tasks import Task, Tasks
+from ..tasks import Task, Tasks, generator_problem
 from . import observe
 from .acker import Acker, Answer
 from .claimer import Claimer
@@ -100,6 +100,9 @@ class Worker:
                 )
             if not callable(handler):
                 raise InvalidOptions("handler must be callable")
+            problem = generator_problem(handler, "the handler")
+            if problem is not None:
+                raise InvalidOptions(problem)
             if isinstance(handler, Task):
                 # calling a task with the Job would pass the Job as its first argument
                 raise InvalidOptions(

@@ -251,6 +251,52 @@ def test_a_sync_task_that_returns_a_coroutine_is_retried_never_acked(
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
+def _gen() -> Any:
+    yield 1
+
+
+async def _agen() -> Any:
+    yield 1
+
+
+@pytest.mark.parametrize("func", [_gen, _agen], ids=["generator", "async-generator"])
+def test_a_generator_function_is_refused_as_a_task_or_handler(store: alk.Store, qname: str, func: Any) -> None:
+    """Calling a generator function runs none of its body, and nothing would iterate what it
+    returns: the worker acked such jobs without running them (an ``async def`` with a
+    ``yield`` is no coroutine function, so it was even called on a thread)."""
+    tasks = alk.Tasks()
+    with pytest.raises(alk.InvalidOptions, match="generator"):
+        tasks.task(queue=qname, name="gen")(func)
+    assert "gen" not in tasks
+    with pytest.raises(alk.InvalidOptions, match="generator"):
+        alk.Worker(store, qname, func)
+
+
+@pytest.mark.parametrize("make", [_gen, _agen], ids=["generator", "async-generator"])
+def test_a_task_or_handler_returning_a_generator_is_retried_never_acked(
+    store: alk.Store, qname: str, make: Callable[[], Any]
+) -> None:
+    """What a decorator around a generator function hands back (a plain function returning
+    the generator) cannot be told apart at registration: the worker sees the generator it
+    returned, whose body never ran, and retries the job saying so instead of acking it."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="yields")
+    def yields() -> Any:
+        return make()
+
+    q = store.queue(qname)
+    task_job = yields.enqueue(store)
+    alk.Worker(store, tasks, poll_interval=0.2).run(burst=True)
+    handler_job = q.enqueue({"n": 1})
+    alk.Worker(store, q, lambda job: make(), poll_interval=0.2).run(burst=True)
+    for job_id, what in ((task_job, "task 'yields'"), (handler_job, "handler")):
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "pending" and job.attempts == 1, job
+        error = job.errors[-1]["error"]
+        assert f"{what} returned a" in error and "generator" in error and "never ran" in error, error
+
+
 # -- async tasks and handlers on the worker's event loop --------------------------------------
 
 
