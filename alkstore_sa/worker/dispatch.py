@@ -19,7 +19,7 @@ from ..model import Job
 from ..queue import JobHandle
 from ..tasks import NotATaskPayload, Tasks, UnknownTask
 from .heartbeater import ClaimKey, claim_key
-from .outcomes import Outcome
+from .outcomes import Outcome, text_of
 
 log = logging.getLogger("alkstore_sa")
 
@@ -73,6 +73,10 @@ class HandlerDispatch:
         self.is_async = is_async_callable(handler)
 
     def work(self, h: JobHandle, context: dict[str, Any]) -> Work:
+        try:
+            h.payload  # noqa: B018 - decoded first: a row that cannot be is failed (undecodable)
+        except ValueError as exc:
+            return undecodable(h, context, "handler", exc)
         return Work(h, context, "handler", functools.partial(self.handler, h.job), self.is_async)
 
 
@@ -84,7 +88,11 @@ class TaskDispatch:
 
     def work(self, h: JobHandle, context: dict[str, Any]) -> Work:
         try:
-            task, args, kwargs = self.tasks.resolve(h.payload)  # the Job itself is built only if asked for
+            payload = h.payload
+        except ValueError as exc:
+            return undecodable(h, context, "task", exc)
+        try:
+            task, args, kwargs = self.tasks.resolve(payload)  # the Job itself is built only if asked for
         except UnknownTask as exc:
             # a deploy in progress: a worker that has the task may come along, so the job is
             # retried on its curve (and goes dead at its attempt budget), never acked
@@ -103,6 +111,16 @@ class TaskDispatch:
 
 
 Dispatch = HandlerDispatch | TaskDispatch
+
+
+def undecodable(h: JobHandle, context: dict[str, Any], what: str, exc: ValueError) -> Work:
+    """The Work of a job whose stored payload is not JSON (a row written or edited by hand:
+    the column is text): failed, since no attempt can decode it — fix the row and requeue
+    it. Raised on the claim loop's thread, the error would end the worker's run() and let
+    the claims of the job's whole batch lapse, in every worker that claims it."""
+    problem = f"the job's stored payload could not be decoded: {text_of(exc)}"
+    log.error("job %s of %r: %s; failing it", h.id, h._queue.name, problem, extra=context)
+    return Work(h, context, what, outcome=Outcome("fail", problem))
 
 
 def _listed(tasks: Tasks, limit: int = 5) -> str:

@@ -224,11 +224,12 @@ def settle(
         landed = h.retry(error, outcome.delay)
         last_error = "max attempts exceeded"
     if landed and landing == DEAD:
-        job = h.job
+        # the claim row's own fields: building the Job would decode a payload that may not be
+        # JSON (a job failed for that very reason, dispatch.undecodable)
         because = "" if outcome.error in (None, last_error) else f" (last error: {outcome.error})"
         log.warning(
             "job %s of %r is dead after %d/%d attempt(s): %s%s",
-            job.id, job.queue, job.attempts, job.max_attempts, last_error, because,
+            h.id, h._queue.name, h._attempts, h._max_attempts, last_error, because,
             extra={**context, "last_error": last_error},
         )
     return landing if landed else None

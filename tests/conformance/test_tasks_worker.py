@@ -21,7 +21,7 @@ import pytest
 import alkstore_sa as alk
 from alkstore_sa.worker import acker, claimer
 from tests.conformance.test_worker import running
-from tests.support import WAIT, FakeClock, wait_for
+from tests.support import WAIT, FakeClock, Target, wait_for
 
 
 def _names(worker: alk.Worker) -> list[str]:
@@ -295,6 +295,39 @@ def test_a_task_or_handler_returning_a_generator_is_retried_never_acked(
         assert job is not None and job.state == "pending" and job.attempts == 1, job
         error = job.errors[-1]["error"]
         assert f"{what} returned a" in error and "generator" in error and "never ran" in error, error
+
+
+@pytest.mark.parametrize("form", ["tasks", "handler"])
+def test_a_job_whose_stored_payload_is_not_json_goes_dead_and_the_worker_runs_on(
+    db: Target, store: alk.Store, qname: str, form: str
+) -> None:
+    """A payload is a text column: a row written or edited by hand (another app, a fix in
+    psql) may not decode. Decoding it on the claim loop's thread raised out of run(): the
+    worker died, and the good job claimed with it lapsed too — in every worker that claimed
+    them, again after each visibility timeout. The job now goes dead saying why (no retry
+    can decode it; fix the row and requeue it), and its batch runs."""
+    tasks = alk.Tasks()
+    ran: list[Any] = []
+
+    @tasks.task(queue=qname, name="takes")
+    def takes(n: int) -> None:
+        ran.append(n)
+
+    bad, good = takes.enqueue(store, 1), takes.enqueue(store, 2)
+    db.execute(
+        f"UPDATE {db.table('alkstore_jobs')} SET payload = :p WHERE id = :i",
+        p='{"task": "takes", "args": [1], "kwargs": {}', i=bad,  # cut short
+    )
+    if form == "tasks":
+        worker = alk.Worker(store, tasks, concurrency=2, poll_interval=0.2)
+    else:
+        worker = alk.Worker(store, qname, lambda job: ran.append(job.payload["args"][0]), concurrency=2, poll_interval=0.2)
+    worker.run(burst=True)
+    assert ran == [2]
+    assert _job(store, qname, good) is None
+    assert db.scalar(f"SELECT count(*) FROM {db.table('alkstore_jobs')} WHERE id = :i", i=bad) == 0
+    errors = db.scalar(f"SELECT errors FROM {db.table('alkstore_dead_jobs')} WHERE id = :i", i=bad)
+    assert isinstance(errors, str) and "payload could not be decoded" in errors, errors
 
 
 # -- async tasks and handlers on the worker's event loop --------------------------------------
