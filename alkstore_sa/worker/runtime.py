@@ -131,6 +131,7 @@ class Worker:
         self._roster = Heartbeater()
         self._claimer: Claimer | None = None
         self._runner: Runner | None = None
+        self._running_in: int | None = None  # the pid of the process whose run() is under way
 
     @property
     def worker_id(self) -> str:
@@ -154,8 +155,25 @@ class Worker:
     def run(self, stop: StopToken | None = None, *, burst: bool = False) -> None:
         """Claim and run jobs until ``stop``; then drain in-flight work (bounded by the
         grace period) and return. ``burst=True`` also returns once no queue has a
-        claimable job and nothing runs (batch scripts, tests, cron-style runs)."""
+        claimable job and nothing runs (batch scripts, tests, cron-style runs). One run at a
+        time: InvalidOptions while another run of this Worker is under way."""
         stop = StopToken() if stop is None else v.stop_token(stop)
+        # one run at a time: a run keeps its roster, runner and claimer on the Worker (its
+        # outcomes are recorded through them), so a second one would replace them under it
+        pid = os.getpid()
+        with self._count_lock:
+            if self._running_in == pid:  # (a pid of another process: a forked copy, not running here)
+                raise InvalidOptions(
+                    f"this Worker is already running ({self!r}): one Worker runs once at a time; "
+                    "make another Worker to run more"
+                )
+            self._running_in = pid
+        try:
+            self._run(stop, burst)
+        finally:
+            self._running_in = None
+
+    def _run(self, stop: StopToken, burst: bool) -> None:
         self.store.check_schema()
         worker_id = self.worker_id  # this process's: claims, registry row, logs and spans alike
         nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop

@@ -547,3 +547,31 @@ def test_closing_the_store_under_a_running_worker_ends_run_with_store_closed(
     finally:
         stop.stop()
         thread.join(WAIT)
+
+
+def test_a_second_run_of_a_running_worker_is_refused(store: alk.Store, qname: str) -> None:
+    """A run keeps its heartbeat roster, runner and claimer on the Worker: a second run()
+    of the same Worker in another thread replaced them under the first, whose outcomes
+    then went to the second run's roster (a lost claim no longer noticed) and whose
+    heartbeat thread was never stopped — left running after both runs returned. One
+    Worker runs once at a time (sequential runs are fine); the second run() raises
+    InvalidOptions before it claims or starts anything."""
+    q = store.queue(qname)
+    worker = alk.Worker(store, q, lambda job: None, poll_interval=0.2)
+    before = {t for t in threading.enumerate() if t.name == "alkstore-heartbeat"}
+    with running(worker) as r:
+        wait_for(lambda: worker._runner is not None, "the first run to start")
+        stopped = alk.StopToken()
+        stopped.stop()  # so that, were it not refused, the second run would return at once
+        with pytest.raises(alk.InvalidOptions, match="already running"):
+            worker.run(stopped)
+        job_id = q.enqueue({"n": 1})
+        wait_for(lambda: q.get_job(job_id) is None, "the first run to ack a job")
+        r.stop_and_join()
+    job_id = q.enqueue({"n": 2})
+    worker.run(burst=True)  # a run after the first one ended is fine
+    assert q.get_job(job_id) is None
+    wait_for(
+        lambda: not {t for t in threading.enumerate() if t.name == "alkstore-heartbeat"} - before,
+        "no heartbeat thread left running",
+    )
