@@ -167,7 +167,7 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
         worker = Worker(store, app_context_tasks(app, state.tasks), queues=queues, **options)
     except InvalidOptions as exc:  # e.g. a --queue with no task in the registry
         raise click.UsageError(str(exc)) from exc
-    stop = stop_on_signals()
+    stop = stop_on_signals(exit_after=worker.shutdown_grace)
     try:
         worker.run(stop, burst=burst)
     except (AlkstoreError, sa.exc.DBAPIError) as exc:  # NotInstalled names the command to run

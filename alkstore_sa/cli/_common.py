@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -136,17 +137,33 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def stop_on_signals(stopping: str = "stopping") -> StopToken:
+STOP_MARGIN = 20.0
+"""Seconds a stopping command gets past its own bound (``exit_after``) before it is ended:
+the worker's drain takes at most the grace period, its ack writer's 10 s for a write in
+progress and the event loop's 6 s to unwind; anything longer is a blocked call."""
+
+
+def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = None) -> StopToken:
     """A StopToken that SIGTERM and SIGINT stop (graceful shutdown, exit code 0); each
-    signal is logged with what happens next (``stopping``)."""
+    signal is logged with what happens next (``stopping``).
+
+    ``exit_after``: the seconds the stop may take (the worker's grace period). A process
+    still running ``exit_after + STOP_MARGIN`` seconds after the first signal is blocked in
+    a call that no stop can interrupt — a connection to an unresponsive database server,
+    which has no timeout of its own — and is ended there with exit code 1 and a line saying
+    so, instead of ignoring every SIGTERM and SIGINT until its process manager kills it."""
     stop = StopToken()
 
     def stop_after(name: str) -> None:
-        if stop.stopped:
-            log.info("received %s again; already stopping", name)
-        else:
+        first = not stop.stopped
+        if first:
             log.info("received %s; %s", name, stopping)
+        else:
+            log.info("received %s again; already stopping", name)
         stop.stop()
+        if first and exit_after is not None:
+            time.sleep(exit_after + STOP_MARGIN)  # a daemon thread: gone if the process ends first
+            _force_exit(name, exit_after + STOP_MARGIN)
 
     def on_signal(signum: int, _frame: Any) -> None:
         # A handler runs in the main thread between two bytecodes, possibly while that thread
@@ -158,3 +175,17 @@ def stop_on_signals(stopping: str = "stopping") -> StopToken:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return stop
+
+
+def _force_exit(signal_name: str, after: float) -> None:
+    """End a process whose stop is blocked. Written to stderr directly: the blocked main
+    thread may hold a logging handler's lock."""
+    message = (
+        f"alkstore: still running {after:g}s after {signal_name}: blocked in a call a stop cannot "
+        "interrupt (an unresponsive database server?); exiting with code 1 - claims of jobs "
+        "still in flight lapse and are retried\n"
+    )
+    try:
+        os.write(2, message.encode())
+    finally:
+        os._exit(1)

@@ -126,7 +126,6 @@ def run(args: argparse.Namespace) -> int:
         )
     metrics = _metrics_module(args.metrics_port)
     store = open_store(args)
-    stop = stop_on_signals()  # the worker itself then logs what it is finishing
     options: dict[str, Any] = {
         "concurrency": args.concurrency, "worker_id": args.worker_id, "batch_size": args.batch_size,
         "poll_interval": args.poll_interval, "shutdown_grace": args.grace,
@@ -140,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
                 worker = Worker(store, queues, target, **options)
         except InvalidOptions as exc:  # e.g. a --queue with no task in the registry
             raise UsageError(str(exc)) from exc
+        # the worker itself then logs what it is finishing; a stop blocked past the grace
+        # period (an unresponsive database) ends the process
+        stop = stop_on_signals(exit_after=worker.shutdown_grace)
         if metrics is not None:
             _serve_metrics(metrics, store, args.metrics_port)
         worker.run(stop, burst=args.burst)
