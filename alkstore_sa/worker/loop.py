@@ -8,7 +8,8 @@ gives them a bounded time to unwind (their ``finally`` blocks run), then stops a
 the loop, as ``asyncio.run`` does at its end.
 
 Until then nothing ends the loop: a ``SystemExit`` or ``KeyboardInterrupt`` raised by a task
-(asyncio lets those two escape ``run_forever``) is logged and the loop runs on.
+(asyncio lets those two escape ``run_forever``), or a ``loop.stop()`` from a job, is logged
+and the loop runs on.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class EventLoopThread:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._running: set[asyncio.Task[Any]] = set()  # tasks of submit_all, until done
+        self._closing = False  # close() stops the loop: nothing else ends it
 
     def submit_all(self, coros: list[Coroutine[Any, Any, Any]]) -> None:
         """Run each of ``coros`` as an asyncio task of its own on the loop (started now if
@@ -57,7 +59,11 @@ class EventLoopThread:
             while True:
                 try:
                     loop.run_forever()
-                    return  # close() stopped it
+                    if self._closing:
+                        return  # close() stopped it
+                    # a job (or a library it calls) called loop.stop(): only close() ends the
+                    # loop, or every later async job would sit in its slot unrun
+                    log.error("the worker's event loop was stopped by a job (loop.stop()); it keeps running")
                 except BaseException as exc:  # noqa: BLE001 - logged; the loop keeps serving
                     # asyncio re-raises SystemExit and KeyboardInterrupt from a task or a
                     # callback out of run_forever (a task a job spawned and left behind, say);
@@ -86,6 +92,7 @@ class EventLoopThread:
             left = unwound.result(timeout + 1.0)
         except concurrent.futures.TimeoutError:
             left = -1
+        self._closing = True
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout if left >= 0 else 1.0)
         if thread.is_alive():

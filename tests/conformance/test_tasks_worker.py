@@ -510,6 +510,33 @@ def test_a_background_asyncio_task_raising_systemexit_leaves_the_event_loop_runn
     ), [rec.getMessage() for rec in caplog.records]
 
 
+def test_an_async_job_stopping_the_event_loop_leaves_it_running(
+    store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``loop.stop()`` from a job (or a library it calls) ended the worker's event loop as
+    its own close does: every async job after it sat in its slot unrun. Only close() ends
+    the loop now; a stop from anything else is logged and the loop runs on."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="stops_the_loop")
+    async def stops_the_loop() -> None:
+        asyncio.get_running_loop().stop()
+
+    @tasks.task(queue=qname, name="after")
+    async def after(n: int) -> None:
+        await asyncio.sleep(0)
+
+    first = stops_the_loop.enqueue(store)
+    with running(alk.Worker(store, tasks, concurrency=2, poll_interval=0.2, shutdown_grace=1)) as r:
+        wait_for(lambda: _job(store, qname, first) is None, "the stopping job's ack")
+        ids = [after.enqueue(store, n) for n in range(3)]
+        wait_for(lambda: all(_job(store, qname, i) is None for i in ids), "the acks of the async jobs after it")
+        r.stop_and_join()
+    assert any(
+        rec.levelno == logging.ERROR and "stopped" in rec.getMessage() for rec in caplog.records
+    ), [rec.getMessage() for rec in caplog.records]
+
+
 # -- what Fail and Retry carry -------------------------------------------------------------------
 
 
