@@ -5,6 +5,7 @@ later commit must fail (SPEC §13), not succeed with nothing to commit (SQLite o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,9 +18,9 @@ from tests.support import Target
 orders = sa.Table("lost_tx_orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("note", sa.Text))
 
 
-def _interrupt_next_statement(conn: sa.Connection) -> None:
-    """The application's time limit fires once, in the next statement (a progress handler
-    that asks SQLite to stop: SQLITE_INTERRUPT)."""
+def _once() -> Callable[[], int]:
+    """A progress handler that asks SQLite to stop (SQLITE_INTERRUPT) once, in the next
+    statement: the application's time limit firing."""
     fired: list[bool] = []
 
     def handler() -> int:
@@ -28,7 +29,11 @@ def _interrupt_next_statement(conn: sa.Connection) -> None:
         fired.append(True)
         return 1
 
-    conn.connection.driver_connection.set_progress_handler(handler, 1)  # type: ignore[union-attr]
+    return handler
+
+
+def _interrupt_next_statement(conn: sa.Connection) -> None:
+    conn.connection.driver_connection.set_progress_handler(_once(), 1)  # type: ignore[union-attr]
 
 
 def _notes(target: Target) -> list[str]:
@@ -80,15 +85,7 @@ def test_an_interrupted_aenqueue_makes_the_commit_fail(sqlite_db: Target, qname:
             async with AsyncSession(engine) as session:
                 await session.execute(orders.insert().values(note="mine"))
                 raw = await (await session.connection()).get_raw_connection()
-                fired: list[bool] = []
-
-                def handler() -> int:
-                    if fired:
-                        return 0
-                    fired.append(True)
-                    return 1
-
-                await raw.driver_connection.set_progress_handler(handler, 1)  # type: ignore[union-attr]
+                await raw.driver_connection.set_progress_handler(_once(), 1)  # type: ignore[union-attr]
                 with pytest.raises(alk.DatabaseError, match="interrupted"):
                     await alk.aenqueue(session, qname, {"order": "mine"})
                 with pytest.raises(sa.exc.SQLAlchemyError):
