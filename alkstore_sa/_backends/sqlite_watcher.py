@@ -128,17 +128,19 @@ class SqliteHub:
         """Listening from now: only rows committed after this call are delivered.
         ``on_close`` runs once when the hub closes (the store closed)."""
         with self._lock:
-            first = not self.fanout.has_any()
-            # the reading place is saved before the start is read: from then on the prune
-            # keeps every row the new subscription is owed
-            try:
-                self._save_place()
-            except Exception as exc:  # noqa: BLE001 - e.g. a read-only database file
-                log.warning(
-                    "alkstore SQLite watcher: cannot save its reading place (%s); a subscription "
-                    "that falls more than %d notifications behind may miss some", exc, NOTIFY_KEEP,
-                )
-                self._place = (-1, float("-inf"))  # not saved: tried again at the next look
+            first = self._place is None  # no subscription yet (the last one dropped the place)
+            if first:
+                # the reading place is saved before the start is read: from then on the prune
+                # keeps every row the new subscription is owed (a later subscription's rows
+                # come after it, and the place saved already keeps them)
+                try:
+                    self._save_place()
+                except Exception as exc:  # noqa: BLE001 - e.g. a read-only database file
+                    log.warning(
+                        "alkstore SQLite watcher: cannot save its reading place (%s); a subscription "
+                        "that falls more than %d notifications behind may miss some", exc, NOTIFY_KEEP,
+                    )
+                    self._place = (-1, float("-inf"))  # not saved: tried again at the next look
             start = self._scalar(self._max_note_sql()) or 0
             if first:
                 self._since = start
