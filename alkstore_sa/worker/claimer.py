@@ -30,7 +30,8 @@ while ready jobs wait): until the rate window frees a place, a claim lapses, one
 worker's own jobs of the queue finishes, or a wake (a resume or a changed limit).
 
 Where a claim runs: slots freed on a worker thread (a batch of acks written, an outcome
-recorded) are claimed for on that same thread, right away (``claim_freed``); the claimer's
+recorded), or on the event loop by a batch of acks it wrote while no job ran (acker.py),
+are claimed for on that same thread, right away (``claim_freed``); the claimer's
 own thread claims for wakes, due times, re-polls and backoffs, and whenever such a round
 could not fill the free slots. Rounds never overlap (one lock), so the choice above is the
 same wherever a round runs. Handing every freed slot to the claimer's thread would cost a

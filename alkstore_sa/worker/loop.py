@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
 from collections.abc import Coroutine
@@ -33,21 +34,32 @@ class EventLoopThread:
         self.name = name
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._running: set[asyncio.Task[Any]] = set()  # tasks of submit_all, until done
+        self._running: set[asyncio.Task[Any]] = set()  # tasks of submit_all (_spawn)
         self._closing = False  # close() stops the loop: nothing else ends it
 
-    def submit_all(self, coros: list[Coroutine[Any, Any, Any]]) -> None:
+    def submit_all(self, coros: list[Coroutine[Any, Any, Any]], context: contextvars.Context) -> None:
         """Run each of ``coros`` as an asyncio task of its own on the loop (started now if
-        need be), waking the loop once for all of them. Called from the claim loop's thread
-        only; the coroutines must handle their own errors (nothing reads their results)."""
+        need be), each in a copy of ``context``; from another thread, waking the loop once
+        for all of them, and on the loop itself (a claim made there, acker.py) with no
+        wake-up at all. The coroutines must handle their own errors (nothing reads their
+        results)."""
         loop = self.loop if self.loop is not None else self._start()
-        loop.call_soon_threadsafe(self._spawn, loop, coros)
+        if asyncio._get_running_loop() is loop:
+            self._spawn(loop, coros, context)
+        else:
+            loop.call_soon_threadsafe(self._spawn, loop, coros, context)
 
-    def _spawn(self, loop: asyncio.AbstractEventLoop, coros: list[Coroutine[Any, Any, Any]]) -> None:
+    def _spawn(
+        self, loop: asyncio.AbstractEventLoop, coros: list[Coroutine[Any, Any, Any]], context: contextvars.Context
+    ) -> None:
+        # the loop itself keeps only a weak reference to a task: ours are held here until
+        # done, and the finished ones dropped at the next hand-over (at most ``concurrency``
+        # are held; a done callback per task would cost each job one more loop callback)
+        running = self._running
+        if running:
+            self._running = running = {t for t in running if not t.done()}
         for coro in coros:
-            task = loop.create_task(coro)
-            self._running.add(task)  # the loop itself keeps only a weak reference to a task
-            task.add_done_callback(self._running.discard)
+            running.add(context.run(loop.create_task, coro))  # the task runs in a copy of ``context``
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()

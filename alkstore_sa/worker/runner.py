@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import threading
 import time
@@ -89,6 +90,10 @@ class Runner:
         self._taken = 0  # items ever taken
         self.ticks = 0  # the watcher's ticks so far (tests: an idle worker costs none)
         self._loop = EventLoopThread()
+        # each job runs in a copy of the context the runner was made in (run()'s caller's):
+        # context variables a job sets (a log field bound, a tenant id) end with it, on the
+        # thread or the loop that runs the next job alike
+        self._context = contextvars.copy_context()
         self._abandoning = False  # set at shutdown: a cancelled async job is then abandoned
         # takes over an outcome (True) whose recording frees the slot later, with
         # ``release()``: the worker's batched acks (acker.py); None records each one here
@@ -117,7 +122,7 @@ class Runner:
         if items:
             self._put(items)
         if coros:
-            self._loop.submit_all(coros)  # one wake-up of the loop for the whole claim
+            self._loop.submit_all(coros, self._context)  # one wake-up of the loop for the whole claim
 
     def release(self, n: int, claimed: bool = False) -> None:
         """Free ``n`` slots whose outcomes were recorded elsewhere (see ``defer``), together:
@@ -304,7 +309,7 @@ class Runner:
             w, outcome = item
             if outcome is None:
                 try:
-                    outcome = outcome_of(w)
+                    outcome = self._context.copy().run(outcome_of, w)
                 except BaseException:  # noqa: BLE001 - the thread must survive to keep its slot real
                     log.exception(
                         "job %s: the worker thread caught an unexpected error; its claim will lapse", w.handle.id

@@ -9,6 +9,7 @@ Workers run in a thread of the test; every wait has a deadline."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -1189,3 +1190,36 @@ def test_burst_drains_every_queue_including_follow_up_jobs(store: alk.Store, qna
         first.enqueue(store, n)
     alk.Worker(store, tasks, concurrency=1, poll_interval=3600).run(burst=True)
     assert sorted(done) == sorted([f"first-{n}" for n in range(3)] + [f"second-{n}" for n in range(3)])
+
+
+_BOUND: contextvars.ContextVar[str | None] = contextvars.ContextVar("test_bound", default=None)
+
+
+def test_context_variables_a_job_sets_do_not_reach_the_jobs_after_it(store: alk.Store, qname: str) -> None:
+    """Each job starts from the context ``run()`` was called in, whichever thread claimed it
+    and whatever ran before it there: a value one job binds (a log field with
+    ``structlog.contextvars.bind_contextvars``, a tenant id) is not seen by the next, sync or
+    async. One slot, so every job follows another on the same thread or loop."""
+    tasks = alk.Tasks()
+    seen: list[tuple[str, int, str | None]] = []
+
+    @tasks.task(queue=qname, name="bind_sync")
+    def bind_sync(n: int) -> None:
+        seen.append(("sync", n, _BOUND.get()))
+        _BOUND.set(f"sync {n}")
+
+    @tasks.task(queue=qname, name="bind_async")
+    async def bind_async(n: int) -> None:
+        seen.append(("async", n, _BOUND.get()))
+        _BOUND.set(f"async {n}")
+
+    for n in range(6):
+        (bind_sync if n % 3 else bind_async).enqueue(store, n)
+    token = _BOUND.set("run's caller")
+    try:
+        alk.Worker(store, tasks, concurrency=1, poll_interval=0.2).run(burst=True)
+    finally:
+        _BOUND.reset(token)
+    assert sorted(seen, key=lambda s: s[1]) == [
+        ("async" if n % 3 == 0 else "sync", n, "run's caller") for n in range(6)
+    ]
