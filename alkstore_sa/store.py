@@ -451,6 +451,18 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
             "several checkouts): make the store's engine on that database and register this "
             "one, Store(create_engine('postgresql+psycopg://...' or 'sqlite:///PATH')).register(engine)"
         )
+    if app.dialect.dispatch.do_connect:
+        # as a creator: the hook decides how the engine connects (an IAM token, a vault
+        # password, a database chosen at connect time), and an engine made from the URL
+        # would connect without it: failing to log in, or reaching another database
+        raise InvalidOptions(
+            "this engine has a do_connect event listener, which decides how it connects (a "
+            "token, a password, the database), and the store cannot run on the engine itself "
+            "(an async or psycopg2 engine, or a pool that hands one connection to several "
+            "checkouts), nor carry the listener over to an engine of another driver: make "
+            "the store's engine, with the listener attached to it, and register this one, "
+            "Store(create_engine('postgresql+psycopg://...' or 'sqlite:///PATH')).register(engine)"
+        )
     try:
         # the application's pool rules (SPEC §4) carry over; its connect_args cannot (they
         # live in its pool's creator, and are another driver's): docs/connections.md

@@ -372,3 +372,38 @@ def test_an_engine_the_store_cannot_run_on_with_its_own_creator_is_refused(db: T
             assert handle is not None and handle.id == job_id and handle.ack()
     finally:
         app.dispose()
+
+
+def test_an_engine_the_store_cannot_run_on_with_a_do_connect_hook_is_refused(db: Target, tmp_path: Path) -> None:
+    """A ``do_connect`` listener (a cloud IAM token, a password from a vault, a database
+    chosen at connect time) decides how the application's engine connects, as creator=
+    does: an engine the store made from the URL would connect without it — failing to
+    authenticate, or reaching another database, where the application's jobs would never
+    be claimed. Refused with the cure (the store's own engine, with the hook attached to
+    it, and the application's registered), which works."""
+    if db.kind == "postgresql":
+        app = sa.create_engine("postgresql+psycopg2://postgres@127.0.0.1:5432/no_such_database")
+        target = {"dbname": "test"}
+    else:
+        # the URL names another file: the hook's is the one the application writes to
+        app = sa.create_engine(f"sqlite:///{tmp_path / 'elsewhere.db'}", poolclass=sa.pool.StaticPool)
+        target = {"database": db.url.removeprefix("sqlite:///")}
+
+    def redirect(dialect: Any, conn_rec: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        if db.kind == "sqlite":
+            cargs.clear()
+        cparams.update(target)
+
+    sa.event.listen(app, "do_connect", redirect)
+    try:
+        with pytest.raises(alk.InvalidOptions, match="do_connect.*register"):
+            alk.Store(app, schema=db.schema)
+        with alk.Store(db.engine, schema=db.schema) as store:  # the cure
+            store.register(app)
+            with Session(app) as session:
+                job_id = alk.enqueue(session, "hook-q", "x")
+                session.commit()
+            handle = store.queue("hook-q").claim_one("w")
+            assert handle is not None and handle.id == job_id and handle.ack()
+    finally:
+        app.dispose()
