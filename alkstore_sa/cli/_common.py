@@ -143,9 +143,21 @@ the worker's drain takes at most the grace period, its ack writer's 10 s for a w
 progress and the event loop's 6 s to unwind; anything longer is a blocked call."""
 
 
+COLD_AFTER = 1.0
+"""Seconds after the first stop signal from which a SIGINT is a second Ctrl-C (ending the
+process at once); one sooner is the same keypress, forwarded by a wrapper."""
+
+
 def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = None) -> StopToken:
     """A StopToken that SIGTERM and SIGINT stop (graceful shutdown, exit code 0); each
     signal is logged with what happens next (``stopping``).
+
+    A second Ctrl-C — a SIGINT at least COLD_AFTER seconds after the first stop signal —
+    ends the process at once with exit code 130, without waiting for what is in flight (a
+    worker's jobs: their claims lapse and they are retried, as after SIGKILL), as Celery's
+    and RQ's do. A SIGINT sooner than that is the first keypress again, forwarded by a
+    wrapper that got it too (a process manager, a shell script); a second SIGTERM changes
+    nothing either (process managers send one, then SIGKILL).
 
     ``exit_after``: the seconds the stop may take (the worker's grace period). A process
     still running ``exit_after + STOP_MARGIN`` seconds after the first signal is blocked in
@@ -153,11 +165,12 @@ def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = No
     which has no timeout of its own — and is ended there with exit code 1 and a line saying
     so, instead of ignoring every SIGTERM and SIGINT until its process manager kills it."""
     stop = StopToken()
+    first_at: list[float] = []  # when the first stop signal came (set in the handler only)
 
-    def stop_after(name: str) -> None:
-        first = not stop.stopped
+    def stop_after(name: str, first: bool) -> None:
         if first:
-            log.info("received %s; %s", name, stopping)
+            hint = " (Ctrl-C again to exit at once)" if name == "SIGINT" else ""
+            log.info("received %s; %s%s", name, stopping, hint)
         else:
             log.info("received %s again; already stopping", name)
         stop.stop()
@@ -169,12 +182,32 @@ def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = No
         # A handler runs in the main thread between two bytecodes, possibly while that thread
         # holds a lock stopping needs (the token's, an Event's, a log handler's): taking it
         # here would deadlock, so the stop (and its log line) happen on a thread of their own.
+        # Handlers run one at a time in the main thread, so first_at needs no lock.
         name = signal.Signals(signum).name
-        threading.Thread(target=stop_after, args=(name,), name="alkstore-signal", daemon=True).start()
+        now = time.monotonic()
+        if first_at and signum == signal.SIGINT and now - first_at[0] >= COLD_AFTER:
+            _exit_now()
+        first = not first_at
+        if first:
+            first_at.append(now)
+        threading.Thread(target=stop_after, args=(name, first), name="alkstore-signal", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return stop
+
+
+def _exit_now() -> None:
+    """A second Ctrl-C: end the process now. Written to stderr directly and ended with
+    ``os._exit`` (no lock taken: this runs in the signal handler)."""
+    message = (
+        "alkstore: received SIGINT again; exiting now, without waiting for what is in flight "
+        "- claims of jobs still running lapse and are retried\n"
+    )
+    try:
+        os.write(2, message.encode())
+    finally:
+        os._exit(130)
 
 
 def _force_exit(signal_name: str, after: float) -> None:

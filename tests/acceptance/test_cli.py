@@ -418,3 +418,52 @@ def test_worker_sigint_is_graceful_too(cli: Cli) -> None:
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert (w.marks / f"{job_id}.done").exists()
     assert q.get_job(job_id) is None
+
+
+def test_a_second_ctrl_c_ends_the_worker_at_once(cli: Cli) -> None:
+    """Ctrl-C stops gracefully (the job in flight gets the grace period); a second Ctrl-C,
+    pressed later, ends the process at once with 130, as Celery and RQ do, and the job's
+    claim lapses (retried: at least once). (A SIGINT right after the first: test_signal_handoff.)"""
+    s = cli.install()
+    q = s.queue("cold")
+    moddir = cli.tmp / "app"
+    moddir.mkdir()
+    (moddir / "cli_test_jobs.py").write_text(HANDLERS)
+    marks = cli.tmp / "marks"
+    marks.mkdir()
+    errfile = cli.tmp / "stderr.txt"
+    job_id = q.enqueue({"sleep": 600})
+    with errfile.open("w") as err_out:
+        proc = subprocess.Popen(
+            [str(ALKSTORE), "worker", "cli_test_jobs:handle", "--queue", "cold", "--grace", "600", *cli.db_args],
+            cwd=moddir, env=cli.env(ALK_TEST_MARKS=str(marks), PYTHONUNBUFFERED="1"),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_out, text=True,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP
+        while not (marks / f"{job_id}.started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, errfile.read_text()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while "received SIGINT" not in errfile.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, errfile.read_text()
+            time.sleep(0.01)
+        time.sleep(1.5)  # a person's second press comes later
+        assert proc.poll() is None, "the first Ctrl-C did not wait for the job in flight"
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"a second Ctrl-C did not end the worker:\n{errfile.read_text()}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = errfile.read_text()
+    assert code == 130, err
+    assert "Ctrl-C again" in err and "exiting now" in err, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    job = q.get_job(job_id)
+    assert job is not None and job.state == "processing", job  # its claim lapses: retried
+    assert not (marks / f"{job_id}.done").exists()

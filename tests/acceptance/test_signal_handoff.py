@@ -33,3 +33,35 @@ def test_a_signal_arriving_while_the_main_thread_holds_the_token_lock_still_stop
         [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=20,  # a deadlocked handler never returns
     )
     assert proc.returncode == 0, proc.stderr
+
+
+REPEATED = textwrap.dedent(
+    """
+    import logging, os, signal, sys, time
+    from alkstore_sa.cli._common import COLD_AFTER, stop_on_signals
+
+    logging.basicConfig(level=logging.INFO)
+    stop = stop_on_signals()
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: a graceful stop
+    os.kill(os.getpid(), signal.SIGINT)  # the same keypress again, forwarded by a wrapper
+    os.kill(os.getpid(), signal.SIGTERM)  # and a process manager's SIGTERM
+    if not stop.wait(10):
+        sys.exit(3)
+    time.sleep(0.5)  # the stop threads' log lines are out
+    print("still running", flush=True)
+    time.sleep(COLD_AFTER)
+    os.kill(os.getpid(), signal.SIGINT)  # a second press: exit at once
+    time.sleep(10)
+    sys.exit(4)
+    """
+)
+
+
+def test_a_second_ctrl_c_exits_at_once_but_a_forwarded_duplicate_does_not() -> None:
+    """A SIGINT (or SIGTERM) right after the first stop signal is the same stop; a SIGINT
+    COLD_AFTER seconds later or more is a second Ctrl-C: exit code 130 at once."""
+    proc = subprocess.run([sys.executable, "-c", REPEATED], capture_output=True, text=True, timeout=30)
+    assert proc.stdout == "still running\n", (proc.stdout, proc.stderr)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr.count("received SIGINT; stopping (Ctrl-C again to exit at once)") == 1, proc.stderr
+    assert "exiting now" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
