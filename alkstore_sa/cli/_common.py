@@ -198,27 +198,28 @@ def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = No
 
 
 def _exit_now() -> None:
-    """A second Ctrl-C: end the process now. Written to stderr directly and ended with
-    ``os._exit`` (no lock taken: this runs in the signal handler)."""
-    message = (
+    """A second Ctrl-C: end the process now (this runs in the signal handler)."""
+    _exit(
         "alkstore: received SIGINT again; exiting now, without waiting for what is in flight "
-        "- claims of jobs still running lapse and are retried\n"
+        "- claims of jobs still running lapse and are retried\n",
+        130,
     )
-    try:
-        os.write(2, message.encode())
-    finally:
-        os._exit(130)
 
 
 def _force_exit(signal_name: str, after: float) -> None:
-    """End a process whose stop is blocked. Written to stderr directly: the blocked main
-    thread may hold a logging handler's lock."""
-    message = (
+    """End a process whose stop is blocked."""
+    _exit(
         f"alkstore: still running {after:g}s after {signal_name}: blocked in a call a stop cannot "
         "interrupt (an unresponsive database server?); exiting with code 1 - claims of jobs "
-        "still in flight lapse and are retried\n"
+        "still in flight lapse and are retried\n",
+        1,
     )
+
+
+def _exit(message: str, code: int) -> None:
+    """Write ``message`` to stderr directly and end the process with ``os._exit``: no lock
+    is taken (the main thread may hold a logging handler's, or be the signal handler's)."""
     try:
         os.write(2, message.encode())
     finally:
-        os._exit(1)
+        os._exit(code)
