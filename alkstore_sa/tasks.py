@@ -87,7 +87,8 @@ class TaskCall(Generic[P]):
         unique_key: str | None = None,
     ) -> TaskCall[P]:
         """A new TaskCall with these options over this one's (``None`` keeps the current
-        value). Invalid options raise here, not at enqueue."""
+        value). ``delay`` and ``run_at`` both set the ready time, so giving one alone
+        replaces the other as well. Invalid options raise here, not at enqueue."""
         # validated now so the mistake points at the using() line; enqueue validates again
         v.optional_duration(delay, "delay")
         if run_at is not None:
@@ -103,6 +104,9 @@ class TaskCall(Generic[P]):
             "max_attempts": max_attempts, "expires": expires, "unique_key": unique_key,
         }
         changes = {k: x for k, x in given.items() if x is not None}
+        if (delay is None) != (run_at is None):  # one ready time replaces the earlier one
+            changes.setdefault("delay", None)
+            changes.setdefault("run_at", None)
         return TaskCall(self.task, replace(self.options, **changes))
 
     def enqueue(self, target: EnqueueTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:

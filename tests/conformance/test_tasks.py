@@ -402,6 +402,20 @@ def test_using_overrides_per_call(app_engine: sa.Engine, store: alk.Store, qname
     assert (job.priority, job.max_attempts, job.run_at) == (-2, 8, _ts(clock, 30))
 
 
+def test_a_later_using_of_the_ready_time_replaces_the_earlier_one(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    """``delay`` and ``run_at`` are two ways to say one thing, the ready time: a chained
+    ``using()`` giving one replaces the other given before (in one call, or one
+    ``enqueue``, ``delay`` wins: SPEC §5)."""
+    send = alk.Tasks().task(queue=qname)(_send_email)
+    in_30 = send.using(delay=30)
+    assert _job(store, in_30.using(run_at=_ts(clock, 90)).enqueue(store, 1)).run_at == _ts(clock, 90)
+    at_90 = send.using(run_at=_ts(clock, 90))
+    assert _job(store, at_90.using(delay=30).enqueue(store, 2)).run_at == _ts(clock, 30)
+    both = send.using(delay=30, run_at=_ts(clock, 90))
+    assert _job(store, both.enqueue(store, 3)).run_at == _ts(clock, 30)
+    assert _job(store, both.using(priority=2).enqueue(store, 4)).run_at == _ts(clock, 30)  # kept as given
+
+
 def test_using_never_changes_the_task(store: alk.Store, qname: str, clock: FakeClock) -> None:
     send = alk.Tasks().task(queue=qname, priority=1)(_send_email)
     later = send.using(delay=30, priority=9)
