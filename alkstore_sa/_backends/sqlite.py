@@ -14,6 +14,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
+from .. import _sqlite
 from ..schema import (
     JOB_FIELDS,
     dead_jobs,
@@ -26,6 +27,8 @@ from ..schema import (
 from .base import Backend
 from .queue_ops import Turn, claim_in_turn
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, NOTIFY_READERS_SQL, ONE, PROCESSING, ZERO, Executor, bp
+
+_SQLITE_BUSY = 5  # the primary result code; a stale snapshot's upgrade is SQLITE_BUSY_SNAPSHOT (517)
 
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):
@@ -103,6 +106,24 @@ class SQLiteBackend(Backend):
 
     def is_missing_table(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc)
+
+    def translate_error(self, exc: BaseException) -> BaseException:
+        """As the base does; a ``database is locked`` that waited out the busy timeout
+        (SQLITE_BUSY, not the immediate failure of a stale snapshot's lock upgrade) also
+        says who may hold SQLite's one write lock — most often, in an application, a
+        transaction of its own on the same thread, which cannot commit before this call
+        returns."""
+        err = super().translate_error(exc)
+        orig = getattr(err, "orig", None)
+        if isinstance(orig, sqlite3.OperationalError) and getattr(orig, "sqlite_errorcode", None) == _SQLITE_BUSY:
+            err.args = (
+                f"{err.args[0]} (another connection held the database's one write lock past the "
+                f"busy timeout, {_sqlite.BUSY_TIMEOUT_MS / 1000:g} s: a long transaction in another "
+                "process — or one of your own still open on this thread, which cannot commit "
+                "before this call returns: inside your transaction, write with "
+                "alk.enqueue(session, ...) and the other forms that take it)",
+            )
+        return err
 
     def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
         entry = sa.func.json_object(

@@ -245,3 +245,28 @@ def test_own_writes_after_a_read_need_the_write_lock_first(tmp_path: Path) -> No
             s.close()
         for e in (default, deferred, immediate, other):
             e.dispose()
+
+
+def test_waiting_out_the_busy_timeout_says_who_may_hold_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual cause of ``database is locked`` after the busy timeout, in a web app: a
+    store operation with a transaction of its own (``q.enqueue``) called inside an open
+    transaction of the application's that has written, on the same thread — it waits for a
+    commit that can only come after it returns. The error says so and names the form that
+    writes in the caller's transaction; nothing is written."""
+    monkeypatch.setattr(_sqlite, "BUSY_TIMEOUT_MS", 200)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    store = alk.Store(engine)
+    try:
+        store.install()
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        with engine.connect() as app:
+            app.exec_driver_sql("INSERT INTO orders DEFAULT VALUES")  # the request's transaction wrote
+            with pytest.raises(alk.DatabaseError, match=r"database is locked.*0\.2 s.*your own.*alk\.enqueue\(session") as err:
+                store.queue("emails").enqueue({"order": 1})
+            assert isinstance(err.value.orig, sqlite3.OperationalError)
+            app.rollback()
+        assert store.queue("emails").stats().pending == 0
+    finally:
+        store.close()
+        engine.dispose()
