@@ -253,21 +253,25 @@ class Scheduler:
         if count == 0:
             return 0
         backend = self.store.backend
-        params = enqueue_params(
-            self.store, sched.queue, DEFAULT_OPTS, delay=None, run_at=None, priority=sched.priority,
-            max_attempts=sched.max_attempts, expires=sched.expires,
-        )
-        payload = v.encode_payload(sched.payload, self.store.max_payload_bytes)
         with ex.transaction():
-            if not backend.schedule_advance(ex, {"name": sched.name, "old": old, "next": nxt}):
+            current = backend.schedule_advance(ex, {"name": sched.name, "old": old, "next": nxt})
+            if current is None:
                 return 0  # another ticker fired these boundaries
+            # the definition under the row lock: a re-registration keeping the boundary may
+            # have committed since the tick read ``sched`` (a bad one rolls the advance back)
+            queue, payload, priority, max_attempts, expires = current
+            params = enqueue_params(
+                self.store, queue, DEFAULT_OPTS, delay=None, run_at=None, priority=priority,
+                max_attempts=max_attempts, expires=None if expires is None else float(expires),
+            )
+            payload = v.encode_payload(v.decode_payload(payload), self.store.max_payload_bytes)
             backend.enqueue_many(ex, params, [payload] * count)
         if skipped:
             log.warning(
                 "schedule %r: %s missed boundaries beyond the catch-up cap were skipped", sched.name,
                 skipped if sched.interval is not None else "its",  # cron: counting them could take long
             )
-        log.debug("schedule %r fired %d time(s) into %r", sched.name, count, sched.queue)
+        log.debug("schedule %r fired %d time(s) into %r", sched.name, count, queue)
         return count
 
     def _unpark(self, ex: Any, sched: Schedule, now: float) -> int:
@@ -275,7 +279,7 @@ class Scheduler:
         is done, later ones are unknown; resume at the next boundary after now."""
         nxt = timing(sched.spec, sched.tz).after(now)
         with ex.transaction():
-            if self.store.backend.schedule_advance(ex, {"name": sched.name, "old": CRON_INTERVAL, "next": nxt}):
+            if self.store.backend.schedule_advance(ex, {"name": sched.name, "old": CRON_INTERVAL, "next": nxt}) is not None:
                 log.warning(
                     "schedule %r was fired by an older alkstore runner, which cannot compute cron "
                     "boundaries; it resumes at %s", sched.name, ts(nxt),

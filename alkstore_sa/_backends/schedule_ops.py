@@ -93,9 +93,12 @@ class ScheduleOps(Core):
 
         return ex.rows(self.sql(f"schedule_list:{due}", build), params)
 
-    def schedule_advance(self, ex: Executor, params: Mapping[str, Any]) -> bool:
-        """Move a schedule's boundary from ``:old`` to ``:next``; False when another ticker
-        already did (the UPDATE's row lock holds until the tick's transaction ends)."""
+    def schedule_advance(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        """Move a schedule's boundary from ``:old`` to ``:next``; the schedule's definition as
+        the row holds it under the row lock (queue, payload, priority, max_attempts,
+        expires), or None when another ticker already moved it (the UPDATE's row lock holds
+        until the tick's transaction ends). The fire enqueues that definition, not the one
+        the tick read: a re-registration that keeps the boundary may have committed since."""
         sql = self.sql(
             "schedule_advance",
             lambda: sa.update(schedules)
@@ -103,9 +106,14 @@ class ScheduleOps(Core):
                 schedules.c.name == bp("name", sa.Text),
                 schedules.c.next_fire_at == bp("old", sa.Double),
             )
-            .values(next_fire_at=bp("next", sa.Double)),
+            .values(next_fire_at=bp("next", sa.Double))
+            .returning(
+                schedules.c.queue, schedules.c.payload, schedules.c.priority, schedules.c.max_attempts,
+                schedules.c.expires,
+            ),
         )
-        return ex.rowcount(sql, params) == 1
+        rows = ex.rows(sql, params)
+        return rows[0] if rows else None
 
     def next_fire(self, ex: Executor, params: Mapping[str, Any]) -> float | None:
         sql = self.sql("next_fire", lambda: sa.select(sa.func.min(schedules.c.next_fire_at)))

@@ -293,6 +293,34 @@ def test_reregistering_updates_and_keeps_the_boundary_when_the_interval_is_uncha
     assert (s.priority, s.max_attempts, s.expires) == (0, None, None)
 
 
+def test_a_reregistration_committed_after_the_ticks_read_fires_the_new_definition(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick reads the due schedules, then fires each in its own transaction. A
+    re-registration (same interval: the boundary is kept) that commits in between must not
+    be fired with the definition the tick read: the fire enqueues what the row holds under
+    the row lock of its advance, so the new queue, payload and stamps."""
+    sch = Scheduler(store)
+    store.schedule("changed", "@every 1m", qname + "-old", {"v": 1})
+    clock.advance(60)
+    backend = store.backend
+    listed = backend.schedule_list
+
+    def list_then_reregister(ex: Any, params: Any, *, due: bool) -> list[tuple[Any, ...]]:
+        rows = listed(ex, params, due=due)
+        if due:  # the tick's read is done: another process re-registers now
+            store.schedule("changed", "@every 1m", qname + "-new", {"v": 2}, priority=7, max_attempts=4)
+        return rows
+
+    monkeypatch.setattr(backend, "schedule_list", list_then_reregister)
+    assert sch.tick() == 1
+    monkeypatch.undo()
+    assert jobs_of(db, qname + "-old") == []
+    (job,) = jobs_of(db, qname + "-new")
+    assert (job["payload"], job["priority"], job["max_attempts"]) == ('{"v":2}', 7, 4)
+    assert next_at(store, "changed") == T0 + 2 * 60
+
+
 def test_reregistering_with_a_new_interval_recomputes_the_boundary(
     db: Target, store: alk.Store, clock: FakeClock, qname: str
 ) -> None:
