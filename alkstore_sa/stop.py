@@ -15,7 +15,7 @@ class StopToken:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[list[Callable[[], None]]] = []  # each a one-item list (on_stop)
 
     def stop(self) -> None:
         """Ask every loop holding this token to finish; idempotent and thread-safe."""
@@ -24,7 +24,7 @@ class StopToken:
                 return
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
+        for (cb,) in callbacks:
             cb()
 
     @property
@@ -36,15 +36,28 @@ class StopToken:
         True when stopped. InvalidOptions for anything but None or a duration >= 0."""
         return self._event.wait(v.timeout(timeout))
 
-    def on_stop(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once when the token stops (at once if it already has)."""
+    def on_stop(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` once when the token stops (at once if it already has). Returns a
+        function that takes the callback back (a no-op once it ran): a loop that ends before
+        the token stops calls it, so a long-lived token shared by many short loops (one
+        subscription per client, a burst worker run per batch) does not keep every one of
+        their callbacks alive."""
         if not callable(callback):
             raise InvalidOptions(f"on_stop needs a callable, got {type(callback).__name__}")
+        entry = [callback]  # a fresh object per registration: identity, not equality, removes it
         with self._lock:
             if not self._event.is_set():
-                self._callbacks.append(callback)
-                return
+                self._callbacks.append(entry)
+                return lambda: self._cancel(entry)
         callback()
+        return lambda: None
+
+    def _cancel(self, entry: list[Callable[[], None]]) -> None:
+        with self._lock:
+            for i, registered in enumerate(self._callbacks):
+                if registered is entry:
+                    del self._callbacks[i]
+                    return
 
     def __repr__(self) -> str:
         return f"<StopToken stopped={self.stopped}>"

@@ -122,7 +122,7 @@ class Stream:
 
     def _follow(self, consumer: str, stop: StopToken, wait: float, batch: int) -> Iterator[Event]:
         nudge = threading.Event()
-        stop.on_stop(nudge.set)
+        unhook = stop.on_stop(nudge.set)  # taken back when this subscription ends
         watch = self._watch(nudge.set, wait)
         backoff = Backoff(RETRY_BASE, min(wait, RETRY_CAP))
         outage = Outage(log, f"subscription {consumer!r} to stream {self.name!r}", backoff)
@@ -146,6 +146,7 @@ class Stream:
                 if len(events) < batch:
                     nudge.wait(wait)
         finally:
+            unhook()
             if watch is not None:
                 self._unwatch(watch)
 

@@ -177,7 +177,6 @@ class Worker:
         self.store.check_schema()
         worker_id = self.worker_id  # this process's: claims, registry row, logs and spans alike
         nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop
-        stop.on_stop(nudge.set)
         self._roster = Heartbeater()
         claimer: Claimer | None = None
 
@@ -224,6 +223,7 @@ class Worker:
         acker.start()
         log.info("worker %s started on %s (%sconcurrency %d)", worker_id, _names(self.queues),
                  "" if self.tasks is None else f"{len(self.tasks)} task(s), ", self.concurrency)
+        unhook = stop.on_stop(nudge.set)  # taken back when this run ends (a token outlives runs)
         try:
             claimer.run(stop, burst)
             if stop.stopped:
@@ -236,6 +236,7 @@ class Worker:
             self._roster.stop()
             registration.stop()
             self._unwatch(watches)
+            unhook()
             log.info("worker %s stopped after %d jobs", worker_id, self.processed)
 
     def _drain(self, worker_id: str, runner: Runner, acker: Acker) -> None:

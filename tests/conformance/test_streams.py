@@ -735,6 +735,27 @@ def test_subscribe_with_a_stopped_token_yields_nothing(store: alk.Store, qname: 
     assert time.monotonic() - began < JOIN
 
 
+def test_ended_subscriptions_leave_nothing_behind_on_a_long_lived_stop_token(
+    store: alk.Store, qname: str
+) -> None:
+    """An application's one StopToken outlives many subscriptions (one per client
+    connection): each registers a wake-up on the token, and one that ended — exhausted by a
+    break, or closed — must take it back, or the token keeps every ended subscription's
+    wake-up alive until it stops."""
+    st = store.stream(qname)
+    st.publish("e1")
+    stop = alk.StopToken()
+    for _ in range(20):
+        for event in st.subscribe("c", stop, poll_interval=NEVER):
+            assert event.offset == 1
+            break
+    sub = st.subscribe("c", stop, poll_interval=NEVER)
+    assert next(sub).offset == 1
+    sub.close()
+    assert stop._callbacks == []  # noqa: SLF001 - what a long-lived token holds on to
+    stop.stop()  # and stopping the token afterwards still works
+
+
 def test_one_stop_token_ends_several_subscriptions(store: alk.Store, qname: str) -> None:
     stop = alk.StopToken()
     followers = [Follower(store.stream(qname + f"-{i}"), "c", stop=stop) for i in range(3)]

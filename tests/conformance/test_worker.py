@@ -89,6 +89,19 @@ def test_bad_worker_options_are_refused(store: alk.Store, qname: str, kw: dict[s
         alk.Worker(store, qname, handler, **args)
 
 
+def test_burst_runs_leave_nothing_behind_on_a_long_lived_stop_token(store: alk.Store, qname: str) -> None:
+    """A script that runs a burst per batch with its one StopToken: each run registers its
+    wake-up on the token and must take it back when it ends."""
+    stop = alk.StopToken()
+    done: list[Any] = []
+    worker = alk.Worker(store, qname, lambda job: done.append(job.payload), poll_interval=0.05)
+    for i in range(5):
+        store.queue(qname).enqueue(i)
+        worker.run(stop, burst=True)
+    assert done == [0, 1, 2, 3, 4]
+    assert stop._callbacks == []  # noqa: SLF001 - what a long-lived token holds on to
+
+
 def test_run_on_an_uninstalled_database_raises_not_installed(tmp_path: Path) -> None:
     store = alk.Store(f"sqlite:///{tmp_path / 'empty.db'}")
     try:
