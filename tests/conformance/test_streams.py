@@ -431,6 +431,36 @@ def test_commit_and_offset(store: alk.Store, qname: str) -> None:
     assert offsets(st.read()) == list(range(1, 11))
 
 
+def test_the_retention_recipe_trims_to_the_slowest_consumer_from_a_schedule(
+    store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """docs/streams.md, "Retention": a schedule fires into the recipe's own queue, and its
+    worker trims the stream to the lowest committed offset of the consumers it names."""
+    from alkstore_sa.scheduler import Scheduler
+
+    st = store.stream(qname)
+    for i in range(1, 8):
+        st.publish(i)
+    st.commit("billing", 5)
+    st.commit("search-index", 3)
+    trim_queue = qname + "-stream-trim"
+    store.schedule(qname + "-trim", "@every 1h", trim_queue, {"stream": qname, "consumers": ["billing", "search-index"]})
+
+    def trim(job: alk.Job) -> None:
+        target = store.stream(job.payload["stream"])
+        keep_from = min(target.offset(c) for c in job.payload["consumers"])
+        target.trim_to(keep_from)
+
+    clock.advance(3600)
+    try:
+        assert Scheduler(store).tick() == 1
+    finally:
+        store.unschedule(qname + "-trim")
+    alk.Worker(store, trim_queue, trim, poll_interval=0.05).run(alk.StopToken(), burst=True)
+    assert [e.offset for e in st.read()] == [4, 5, 6, 7]
+    assert store.queue(trim_queue).stats().dead == 0
+
+
 def test_commit_survives_trim_and_a_new_store(db: Target, store: alk.Store, qname: str) -> None:
     st = store.stream(qname)
     for i in range(5):
