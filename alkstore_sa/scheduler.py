@@ -44,6 +44,11 @@ log = logging.getLogger("alkstore_sa")
 
 LEADER_LOCK = "__alkstore_scheduler"
 MAX_CATCHUP = 64
+# The longest a fire waits for its schedule's row while another transaction holds it (a
+# registration, a second ticker: milliseconds; a ticker paused mid-fire: unbounded). Past
+# it the fire fails like any other (retried on the schedule's backoff) and the tick goes on
+# with the other schedules. A runner waits at most a sixth of its lease.
+FIRE_LOCK_WAIT = 5.0
 # A schedule that cannot fire is retried after 0.5 s, 1 s, 2 s, ... at most a minute apart.
 SCHEDULE_RETRY = (0.5, 60.0)
 _SPEC = re.compile(r"@every ([0-9]+)([smhd])")
@@ -151,6 +156,7 @@ class Scheduler:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._failing: dict[str, _Failing] = {}
+        self.fire_lock_wait = FIRE_LOCK_WAIT  # seconds (PostgreSQL; see FIRE_LOCK_WAIT)
 
     def schedule(
         self,
@@ -254,6 +260,8 @@ class Scheduler:
             return 0
         backend = self.store.backend
         with ex.transaction():
+            # a ticker paused holding this row must not stall the leader (FIRE_LOCK_WAIT)
+            backend.schedule_fire_lock_wait(ex, {"ms": str(max(1, round(self.fire_lock_wait * 1000)))})
             current = backend.schedule_advance(ex, {"name": sched.name, "old": old, "next": nxt})
             if current is None:
                 return 0  # another ticker fired these boundaries

@@ -326,6 +326,17 @@ class PostgresBackend(Backend):
     def stream_wake_key(self, stream: str) -> str:
         return _hashed("alks_", self.schema, stream)
 
+    def schedule_fire_lock_wait(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        # SET LOCAL lock_timeout, as a function so the milliseconds are a parameter: it ends
+        # with the fire's transaction (also under PgBouncer's transaction pooling)
+        sql = self.sql(
+            "schedule_fire_lock_wait",
+            lambda: sa.select(
+                sa.func.set_config(sa.literal_column("'lock_timeout'"), bp("ms", sa.Text), sa.true())
+            ),
+        )
+        ex.rows(sql, params)
+
     def stream_publish(self, ex: Executor, params: Mapping[str, Any]) -> int:
         def build() -> sa.Executable:
             ctr = self._next_offset().cte("ctr")

@@ -93,6 +93,12 @@ class ScheduleOps(Core):
 
         return ex.rows(self.sql(f"schedule_list:{due}", build), params)
 
+    def schedule_fire_lock_wait(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        """Bound, for the rest of the fire's transaction, how long it waits for a schedule
+        row another transaction holds (``:ms``), so a ticker paused mid-fire cannot stall
+        the leader. Nothing on SQLite, where a paused writer holds the database's one writer
+        lock and every statement waits its busy timeout anyway."""
+
     def schedule_advance(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Move a schedule's boundary from ``:old`` to ``:next``; the schedule's definition as
         the row holds it under the row lock (queue, payload, priority, max_attempts,

@@ -594,6 +594,46 @@ def leader(store: alk.Store) -> alk.LockInfo | None:
     return alk.Lock(store, LEADER_LOCK).holder()
 
 
+def test_a_ticker_stuck_holding_one_schedules_row_does_not_stall_the_leader(
+    pg_db: Target, clock: FakeClock, qname: str
+) -> None:
+    """A ticker paused mid-fire (a stopped process, a frozen VM: its connection stays up)
+    holds its schedule's row lock for as long as it is paused. The leader must not wait
+    on it forever: the other schedules keep firing, the stuck one fires once the lock is
+    gone, and nothing fires twice. (PostgreSQL: on SQLite the paused writer holds the
+    database's one writer lock, which no statement can step around.)"""
+    store = pg_db.store(clock=clock)
+    stuck, free = qname + "-a-stuck", qname + "-b-free"
+    store.schedule(stuck, "@every 1m", stuck, {})
+    store.schedule(free, "@every 1m", free, {})
+    clock.advance(60)
+    stop = alk.StopToken()
+    blocker = pg_db.engine.connect()
+    runner: threading.Thread | None = None
+    try:
+        # the paused ticker: it took the row lock of the schedule that sorts first
+        blocker.exec_driver_sql(
+            f"SELECT name FROM {pg_db.table('alkstore_schedules')} WHERE name = %s FOR UPDATE", (stuck,)
+        )
+        runner = threading.Thread(target=store.run_schedules, args=(stop,), kwargs={"lease": 3.0}, daemon=True)
+        runner.start()
+        wait_for(lambda: len(jobs_of(pg_db, free)) == 1, "the other schedule to fire despite the stuck row")
+        assert jobs_of(pg_db, stuck) == []
+        blocker.rollback()  # the paused ticker dies: its transaction rolls back
+        wait_for(lambda: len(jobs_of(pg_db, stuck)) == 1, "the stuck schedule to fire once its row is free")
+        stop.stop()
+        runner.join(WAIT)
+        assert not runner.is_alive()
+        assert len(jobs_of(pg_db, stuck)) == 1 and len(jobs_of(pg_db, free)) == 1
+        assert next_at(store, stuck) == next_at(store, free) == T0 + 2 * 60
+    finally:
+        blocker.close()
+        stop.stop()
+        if runner is not None:
+            runner.join(WAIT)
+        store.close()
+
+
 def test_the_leader_lock_name_is_reserved(store: alk.Store) -> None:
     assert LEADER_LOCK == "__alkstore_scheduler"
     with pytest.raises(alk.InvalidName):
