@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import _limits
 from . import _validate as v
+from ._backends.queue_ops import Requeued
 from ._backoff import backoff_delay
 from ._rows import FIELD, NO_PAYLOAD, job_from_row, sort_claim_order
 from .errors import HandleConsumed, InvalidOptions
@@ -296,6 +297,12 @@ class Queue:
         the dead job's payload, priority, unique key and trace context), in one transaction; None if there
         is none. When a live job holds the dead job's key, nothing is written (the dead row
         stays) and the live job's id is returned, as an enqueue with that key would."""
+        done = self._requeue_dead(job_id)
+        return None if done is None else done.job_id
+
+    def _requeue_dead(self, job_id: int) -> Requeued | None:
+        """``requeue_dead``, saying whether the dead job moved or a live job holds its key
+        (the operator tools report which; ``requeue_dead`` returns the id either way)."""
         self.store._check_open()
         job_id = v.job_id(job_id)
         if not v.in_int64(job_id):

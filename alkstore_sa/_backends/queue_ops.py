@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -37,12 +37,23 @@ WALK_LEVELS: sa.ColumnClause[Any] = sa.literal_column("32")
 UNIQUE_ROUNDS = 50
 
 
+class Requeued(NamedTuple):
+    """What a dead-job requeue did: ``moved`` — the dead row became the new job
+    ``job_id``; or not — a live job, ``job_id``, holds the dead job's ``unique_key``, and
+    nothing was written (the dead row stays). The operator tools say which."""
+
+    job_id: int
+    moved: bool
+    unique_key: str | None
+
+
 class _KeyHeld(Exception):
     """Internal: ends a requeue's transaction (undoing its take) when a live job holds the
     dead job's key; never leaves this module."""
 
-    def __init__(self, job_id: int) -> None:
+    def __init__(self, job_id: int, key: str) -> None:
         self.job_id = job_id
+        self.key = key
 
 
 Turn = tuple[int, "list[tuple[Any, ...]] | None"]
@@ -438,7 +449,7 @@ class QueueOps(Core):
 
         return ex.rows(self.sql(f"dead_jobs:{before}", build), params)
 
-    def requeue_dead(self, ex: Executor, params: Mapping[str, Any]) -> int | None:
+    def requeue_dead(self, ex: Executor, params: Mapping[str, Any]) -> Requeued | None:
         """Delete a dead row and enqueue its payload afresh, in one transaction.
 
         Deleting first (with RETURNING) is what makes two racing requeues of the same dead
@@ -465,13 +476,13 @@ class QueueOps(Core):
                 # executions link to that enqueue, and the requeue makes no span of its own
                 again["trace_context"] = context
                 if key is None:
-                    return self.enqueue(ex, again)
+                    return Requeued(self.enqueue(ex, again), True, None)
                 job_id, inserted = self.enqueue_unique(ex, {**again, "unique_key": key})
                 if not inserted:
-                    raise _KeyHeld(job_id)
-                return job_id
+                    raise _KeyHeld(job_id, key)
+                return Requeued(job_id, True, key)
         except _KeyHeld as held:
-            return held.job_id
+            return Requeued(held.job_id, False, held.key)
 
     def delete_dead(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         """Delete one dead job of ``:queue`` (an operator discarding a dead letter)."""

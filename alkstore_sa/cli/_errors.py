@@ -19,7 +19,8 @@ exit codes:
   0  success
   1  the command ran and failed: the database is unreachable or refused an operation
      (e.g. permission denied), a job asked for was not found (`dead show`, `dead requeue`:
-     said on stdout, with the other results), or an unexpected error
+     said on stdout, with the other results) or not requeued (its unique key is held),
+     or an unexpected error
   2  the command cannot run as given: a usage error, an unusable --url, a handler that
      cannot be imported, a SQLite file that does not exist (only `migrate` creates one),
      or tables that are not installed or are outdated (run `alkstore migrate`)

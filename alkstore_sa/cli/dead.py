@@ -84,12 +84,18 @@ def run_requeue(args: argparse.Namespace) -> int:
     try:
         q = listed_queue(store, args.queue)
         for job_id in args.job_ids:
-            new_id = q.requeue_dead(job_id)
-            if new_id is None:
+            done = q._requeue_dead(job_id)
+            if done is None:
                 missing += 1
                 print(f"{job_id}: no dead job with this id in {args.queue!r}")
+            elif not done.moved:  # nothing written: the dead job stays, and this is not a success
+                missing += 1
+                print(
+                    f"{job_id}: not requeued: live job {done.job_id} holds its unique key "
+                    f"'{shown(done.unique_key)}' (the dead job stays)"
+                )
             else:
-                print(f"{job_id} -> {new_id}")
+                print(f"{job_id} -> {done.job_id}")
     finally:
         store.close()
     return 1 if missing else 0

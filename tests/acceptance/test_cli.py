@@ -246,6 +246,26 @@ def test_dead_list_show_requeue(cli: Cli) -> None:
     assert q.stats().ready == 2
 
 
+def test_dead_requeue_of_a_job_whose_unique_key_is_held_says_it_was_not_requeued(cli: Cli) -> None:
+    """A dead job whose unique key a live job holds is not requeued (SPEC §14: nothing is
+    written, the dead row stays): the command must say so and exit 1, not print
+    ``ID -> LIVE_ID`` as if it had been requeued."""
+    s = cli.install()
+    q = s.queue("keyed", max_attempts=1)
+    dead, free = q.enqueue({"n": 1}, unique_key="invoice-42"), q.enqueue({"n": 2})
+    for _ in range(2):
+        h = q.claim_one("w")
+        assert h is not None and h.fail("boom")
+    holder = q.enqueue({"n": 3}, unique_key="invoice-42")
+
+    res = cli.run("dead", "requeue", "--queue", "keyed", str(dead), str(free))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    first, second = res.stdout.strip().splitlines()
+    assert first == f"{dead}: not requeued: live job {holder} holds its unique key 'invoice-42' (the dead job stays)"
+    assert re.fullmatch(rf"{free} -> \d+", second), second
+    assert [j.id for j in q.dead_jobs()] == [dead]  # the dead row stayed, as the output says
+
+
 # -- sweep -------------------------------------------------------------------------------------
 
 
