@@ -5,6 +5,7 @@ longer pending answers 409 with the reason."""
 
 from __future__ import annotations
 
+from .._backends.queue_ops import Requeued
 from ..errors import InvalidOptions
 from ..model import Job
 from ..outbox import listed_queue
@@ -57,14 +58,28 @@ def _dead_jobs(view: View) -> list[Job]:
 
 
 def requeue_dead(view: View) -> Response:
-    """Each selected dead job back as a fresh job with the stamps it had."""
+    """Each selected dead job back as a fresh job with the stamps it had. A job whose
+    unique key a live job holds is not requeued (nothing written, it stays dead): the
+    answer (409) lists those, after the others were requeued."""
+    held: list[tuple[int, Requeued]] = []
     for job in _dead_jobs(view):
         q = listed_queue(
             view.store, job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
             backoff_base=job.backoff_base, dead_letter_retention=job.dead_letter_retention,
         )
-        q.requeue_dead(job.id)
-    return redirect(back_to(view.request, "/dead"))
+        done = q._requeue_dead(job.id)
+        if done is not None and not done.moved:
+            held.append((job.id, done))
+    back = back_to(view.request, "/dead")
+    if not held:
+        return redirect(back)
+    items = "".join(
+        f"<li>job {job_id} was not requeued: live job {done.job_id} holds its unique key "
+        f"{esc(repr(done.unique_key))}; it stays in the dead letters</li>"
+        for job_id, done in held
+    )
+    body = f'<ul class="error" id="refusal">{items}</ul><p><a id="back-link" href="{esc(back)}">back</a></p>'
+    return view.page("Not requeued", body, status=409)
 
 
 def delete_dead(view: View) -> Response:

@@ -127,6 +127,30 @@ def test_cancel_refuses_a_job_claimed_after_the_action_read_it(
     assert r.status == 409 and "claimed" in r.text and f'href="/queues/{qname}"' in r.text
 
 
+def test_requeue_of_a_dead_job_whose_unique_key_is_held_says_it_was_not_requeued(
+    dash, store: alk.Store, qname: str
+) -> None:
+    """A dead job whose unique key a live job holds is not requeued (nothing is written,
+    the dead row stays): the answer says so (409, with the holder), as the cancel does,
+    instead of redirecting as if the selection had been requeued. The other selected jobs
+    are requeued."""
+    q = store.queue(qname, max_attempts=1)
+    held, free = q.enqueue({"n": 1}, unique_key="invoice-42"), q.enqueue({"n": 2})
+    for _ in range(2):
+        h = q.claim_one("w")
+        assert h is not None and h.fail("boom")
+    holder = q.enqueue({"n": 3}, unique_key="invoice-42")
+    token = _token(dash, f"/queues/{qname}?state=dead")
+    r = dash.post(
+        "/dead/requeue",
+        [("csrf_token", token), ("queue", qname), ("id", held), ("id", free), ("next", f"/queues/{qname}?state=dead")],
+    )
+    assert r.status == 409, (r.status, r.headers.get("location"))
+    assert f"job {held} was not requeued" in r.text and f"live job {holder} holds its unique key" in r.text
+    assert f'href="/queues/{qname}?state=dead"' in r.text  # the way back
+    assert [j.id for j in q.dead_jobs()] == [held]  # it stayed; the free one was requeued
+    assert q.stats().ready == 2
+
 def test_pause_and_resume(dash, store: alk.Store, qname: str) -> None:
     seed(store, qname)
     token = _token(dash)
