@@ -184,5 +184,7 @@ def describe(settings: QueueSettings) -> str:
     if settings.concurrency is not None:
         parts.append(f"concurrency {settings.concurrency}")
     if settings.rate_limit is not None:
-        parts.append(f"rate {settings.rate_limit}/{settings.rate_per:g}s")
+        # 15 significant digits: the window as stored (":g" kept six, so 1234567 s read
+        # "1.23457e+06s"), and no exponent inside the allowed range of 100 years
+        parts.append(f"rate {settings.rate_limit}/{settings.rate_per:.15g}s")
     return ", ".join(parts) or "-"

@@ -110,3 +110,16 @@ def test_resume_from_the_command_line_wakes_a_worker(cli: Cli) -> None:
     finally:
         w.kill()
     assert code == 0, err
+
+
+def test_the_rate_window_is_shown_as_stored(cli: Cli) -> None:
+    """The window an operator set is the one ``queue limit`` and ``status`` print: not
+    rounded to six digits (1234567 s shown as ``1.23457e+06s``, a window that was never
+    set) nor put in exponent form."""
+    s = cli.install()
+    s.queue("slow").enqueue({"n": 1})
+    for text in ("1234567", "31536000", "0.0001", "86400.25"):
+        out = cli.ok("queue", "limit", "slow", "--rate", f"5/{text}")
+        assert out.strip() == f"slow: rate 5/{text}s", (text, out)
+        line = next(ln for ln in cli.ok("status").splitlines() if ln.startswith("slow "))
+        assert line.endswith(f"rate 5/{text}s"), (text, line)
