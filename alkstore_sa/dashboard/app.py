@@ -1,6 +1,7 @@
 """The dashboard as one handler, Request -> Response: routing, the read-only and
 cross-site gates in front of every action, the vendored static files, and how errors are
-answered (400 for bad input, 404, 403, 405; a 500 logs and shows no internals)."""
+answered (400 for bad input, 404, 403, 405; 503 with the message when the database's
+alkstore tables are missing or of another version; a 500 logs and shows no internals)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 from collections.abc import Callable
 from importlib import resources
 
-from ..errors import InvalidName, InvalidOptions
+from ..errors import InvalidName, InvalidOptions, NotInstalled, SchemaTooNew
 from ..store import Store
 from . import actions, inventory, jobs, queues
 from .csrf import Csrf
@@ -66,6 +67,11 @@ class Dashboard:
             return self._dispatch(view)
         except (InvalidName, InvalidOptions) as exc:
             return error_page(request, 400, str(exc))
+        except (NotInstalled, SchemaTooNew) as exc:
+            # the database, not the request or a bug: its tables are missing, outdated or
+            # newer than this library. The message says what to run; no traceback helps.
+            log.error("dashboard: %s %s: %s", request.method, request.root + request.path, exc)
+            return error_page(request, 503, str(exc))
         except Exception:
             log.exception("dashboard: %s %s failed", request.method, request.root + request.path)
             return error_page(request, 500, "internal error (see the server log)")

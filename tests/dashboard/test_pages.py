@@ -4,15 +4,18 @@ through both adapters; pages are keyset-paged; hostile names and payloads are es
 from __future__ import annotations
 
 import html
+import logging
 import threading
 from datetime import datetime, timezone
 
 import pytest
+import sqlalchemy as sa
 
 import alkstore_sa as alk
+from tests.conftest import ENGINES, require_pg
 from tests.dashboard.conftest import make_browser
 from tests.dashboard.seed import counts_in, job_ids, next_link, row_of, seed
-from tests.support import FakeClock, wait_for
+from tests.support import PG_URL, FakeClock, new_pg_schema, wait_for
 
 NAV = ("nav-queues", "nav-dead", "nav-schedules", "nav-workers", "nav-streams")
 
@@ -271,3 +274,33 @@ def test_invalid_queue_names_are_400(dash, store: alk.Store, qname: str) -> None
     assert dash.get("/dead?queue=__alkstore_reserved").status == 400
     token = dash.get("/").token()
     assert dash.post("/queues/__alkstore_reserved/pause", {"csrf_token": token}).status == 400
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_database_without_the_tables_is_a_clear_503_not_an_internal_error(
+    kind: str, engine: str, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dashboard mounted on a database whose alkstore tables are missing (not migrated
+    yet, a wrong --schema) answers 503 with the typed error's message, which says how to
+    install them, and logs that one line: not 500 "internal error" with a traceback, as
+    for a bug."""
+    if engine == "sqlite":
+        url, schema = f"sqlite:///{tmp_path / 'empty.db'}", "alkstore"
+        sa.create_engine(url).dispose()
+    else:
+        require_pg()
+        url, schema = PG_URL, new_pg_schema("never_installed")  # never created
+    store = alk.Store(url, schema=schema)
+    b = make_browser(kind, store)
+    try:
+        with caplog.at_level(logging.ERROR, logger="alkstore_sa.dashboard"):
+            for path in ("/", "/api/counts", "/queues/q", "/dead"):
+                r = b.get(path)
+                assert r.status == 503, (path, r.status)
+                assert "alkstore migrate" in html.unescape(r.text) and "internal error" not in r.text, path
+        assert caplog.records and all(rec.exc_info is None for rec in caplog.records)
+        assert "alkstore migrate" in caplog.records[0].getMessage()
+    finally:
+        b.close()
+        store.close()
