@@ -11,6 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .._unreachable import driver_error, is_connect_failure
 from ..errors import AlkstoreError, DatabaseError, NotInstalled
 from ._shown import shown
 
@@ -99,10 +100,10 @@ def _explain(exc: BaseException, args: argparse.Namespace | None) -> tuple[int, 
 
 def _database_message(exc: BaseException, args: argparse.Namespace | None) -> str:
     """The driver's own message (not SQLAlchemy's wrapper with the SQL), plus what to do."""
-    orig: Any = getattr(exc, "orig", None) or exc
+    orig: Any = driver_error(exc)
     text = one_line(orig)
     sqlstate = str(getattr(orig, "sqlstate", None) or "")
-    if _is_connect_failure(orig, sqlstate, text):
+    if is_connect_failure(orig):
         where = _url_shown(args)
         where = f" {where}" if where else ""
         check = "--url" if args is not None else "the database URL"  # None: not our CLI's (flask.py)
@@ -113,17 +114,6 @@ def _database_message(exc: BaseException, args: argparse.Namespace | None) -> st
             f"owner of the database or schema)"
         )
     return f"database error: {type(orig).__name__}: {text}"
-
-
-def _is_connect_failure(orig: Any, sqlstate: str, text: str) -> bool:
-    # libpq connection failures carry no sqlstate, or one of class 08 (connection), 28
-    # (authorization) or 3D000 (no such database); SQLite's is "unable to open database file"
-    return (
-        text.startswith("connection failed")
-        or sqlstate[:2] in ("08", "28")
-        or sqlstate == "3D000"
-        or "unable to open database file" in text
-    )
 
 
 def _url_shown(args: argparse.Namespace | None) -> str:

@@ -10,7 +10,8 @@ import re
 from collections.abc import Callable
 from importlib import resources
 
-from ..errors import InvalidName, InvalidOptions, NotInstalled, SchemaTooNew
+from .._unreachable import driver_error, is_connect_failure
+from ..errors import DatabaseError, InvalidName, InvalidOptions, NotInstalled, SchemaTooNew
 from ..store import Store
 from . import actions, inventory, jobs, queues
 from .csrf import Csrf
@@ -72,9 +73,17 @@ class Dashboard:
             # newer than this library. The message says what to run; no traceback helps.
             log.error("dashboard: %s %s: %s", request.method, request.root + request.path, exc)
             return error_page(request, 503, str(exc))
+        except DatabaseError as exc:
+            if not is_connect_failure(exc):
+                return _internal_error(request)
+            # an outage, not a bug: one line per request (an open queues page polls every
+            # few seconds), and the page says what is wrong
+            orig = driver_error(exc)
+            text = f"the database cannot be reached: {type(orig).__name__}: {orig}"
+            log.error("dashboard: %s %s: %s", request.method, request.root + request.path, text)
+            return error_page(request, 503, text)
         except Exception:
-            log.exception("dashboard: %s %s failed", request.method, request.root + request.path)
-            return error_page(request, 500, "internal error (see the server log)")
+            return _internal_error(request)
 
     def _dispatch(self, view: View) -> Response:
         request = view.request
@@ -119,3 +128,10 @@ class Dashboard:
             return error_page(request, 404, "not found")
         data = resources.files(__package__).joinpath("static").joinpath(name).read_bytes()
         return Response(200, data, ctype, headers=[("Cache-Control", "public, max-age=300")])
+
+
+def _internal_error(request: Request) -> Response:
+    """(In an ``except`` block.) A bug, or a database error that may be one: logged with its
+    traceback; the page shows no internals."""
+    log.exception("dashboard: %s %s failed", request.method, request.root + request.path)
+    return error_page(request, 500, "internal error (see the server log)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import logging
+import socket
 import threading
 from datetime import datetime, timezone
 
@@ -301,6 +302,33 @@ def test_a_database_without_the_tables_is_a_clear_503_not_an_internal_error(
                 assert "alkstore migrate" in html.unescape(r.text) and "internal error" not in r.text, path
         assert caplog.records and all(rec.exc_info is None for rec in caplog.records)
         assert "alkstore migrate" in caplog.records[0].getMessage()
+    finally:
+        b.close()
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_database_that_cannot_be_reached_is_a_503_not_an_internal_error(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database outage (nothing listens where the URL points) answers 503 saying the
+    database cannot be reached, logged as one line: an open queues page polls every few
+    seconds, and a traceback per poll would bury the log. Other database errors stay 500s
+    with their traceback (they may be bugs)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = alk.Store(f"postgresql://postgres@127.0.0.1:{port}/test")
+    b = make_browser(kind, store)
+    try:
+        with caplog.at_level(logging.ERROR, logger="alkstore_sa.dashboard"):
+            for path in ("/", "/api/counts", "/dead"):
+                r = b.get(path)
+                assert r.status == 503, (path, r.status)
+                text = html.unescape(r.text)
+                assert "cannot be reached" in text and "internal error" not in text, (path, text)
+        assert caplog.records and all(rec.exc_info is None for rec in caplog.records)
+        assert "cannot be reached" in caplog.records[0].getMessage()
     finally:
         b.close()
         store.close()
