@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
-from ..errors import DatabaseError, NotInstalled, install_advice
+from ..errors import DatabaseError, NotInstalled, SchemaOutdated, install_advice
 from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, jobs
 from .sql import PROCESSING, Executor, bp
 
@@ -88,6 +88,12 @@ class Core(abc.ABC):
     @abc.abstractmethod
     def is_missing_table(self, exc: BaseException) -> bool:
         """Whether a driver error means the alkstore tables are not installed."""
+
+    @abc.abstractmethod
+    def is_missing_column(self, exc: BaseException) -> bool:
+        """Whether a driver error means a column of alkstore's tables is missing: every
+        statement is alkstore's own, written for this library's schema, so the database's
+        schema is older (the library was upgraded, the database not migrated)."""
 
     @abc.abstractmethod
     def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
@@ -205,6 +211,13 @@ class Core(abc.ABC):
         if self.is_missing_table(orig):
             err: BaseException = NotInstalled(
                 f"alkstore tables are not installed in this database: {install_advice(self.schema, self.name)}"
+            )
+        elif self.is_missing_column(orig):
+            # the caller's-transaction forms read no version first (a read in the caller's
+            # transaction): the older schema shows here, and is said as the store says it
+            err = SchemaOutdated(
+                "the alkstore schema in this database is older than this library needs "
+                f"({' '.join(str(orig).split())}): {install_advice(self.schema, self.name)}"
             )
         else:
             err = DatabaseError(f"{type(orig).__name__}: {orig}".strip(), orig=orig)

@@ -32,6 +32,8 @@ from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, Executor, arg, bp
 
 # sqlstates: undefined_table, invalid_schema_name
 _MISSING = {"42P01", "3F000"}
+# sqlstate: undefined_column
+_MISSING_COLUMN = "42703"
 # sqlstates: admin_shutdown, crash_shutdown, cannot_connect_now
 _GOING_AWAY = {"57P01", "57P02", "57P03"}
 
@@ -241,6 +243,9 @@ class PostgresBackend(Backend):
     def is_missing_table(self, exc: BaseException) -> bool:
         # psycopg (and SQLAlchemy's asyncpg adapter) name it sqlstate, psycopg2 pgcode
         return (getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)) in _MISSING
+
+    def is_missing_column(self, exc: BaseException) -> bool:
+        return (getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)) == _MISSING_COLUMN
 
     def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
         entry = sa.func.jsonb_build_object(

@@ -107,6 +107,12 @@ class SQLiteBackend(Backend):
     def is_missing_table(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc)
 
+    def is_missing_column(self, exc: BaseException) -> bool:
+        # a read names it "no such column: t.c", an INSERT "table t has no column named c"
+        return isinstance(exc, sqlite3.OperationalError) and (
+            "no such column" in str(exc) or "has no column named" in str(exc)
+        )
+
     def translate_error(self, exc: BaseException) -> BaseException:
         """As the base does; a ``database is locked`` that waited out the busy timeout
         (SQLITE_BUSY, not the immediate failure of a stale snapshot's lock upgrade) also

@@ -86,12 +86,13 @@ def test_the_reference_says_what_a_failed_transactional_call_leaves() -> None:
     invalidates the caller's transaction on PostgreSQL on purpose — its commit raises
     PendingRollbackError rather than silently rolling back (tests/conformance/test_drivers.py,
     docs/transactional-enqueue.md) — while SQLite's stays usable. The reference said these
-    errors were "checked without poisoning your transaction", and named SchemaOutdated,
-    which these calls never raise (they do not read the recorded schema version)."""
+    errors were "checked without poisoning your transaction". These calls read no recorded
+    schema version: on an older schema only a statement that needs what it lacks raises
+    SchemaOutdated, and the reference says so."""
     section = _section("Caller's-transaction functions")
     assert "without poisoning" not in section
     errors = " ".join(section.split("Errors:", 1)[1].split("`current_job()", 1)[0].split())
     for said in ["**PostgreSQL**", "PendingRollbackError", "rollback()", "begin_nested()", "**SQLite**",
-                 "transactional-enqueue.md#when-a-call-fails", "never raise `SchemaOutdated`",
+                 "transactional-enqueue.md#when-a-call-fails", "raises `SchemaOutdated` naming the command",
                  "store.check_schema()"]:
         assert said in errors, said
