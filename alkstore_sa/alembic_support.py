@@ -209,6 +209,9 @@ def _recorded(schema: str | None) -> tuple[str | None, int] | None:
         migrations.lock_installs(connection)
     revision = migrations.current_revision(connection, schema or DEFAULT_SCHEMA)
     if revision is None:
+        unrecorded = migrations.unrecorded_tables(connection, schema or DEFAULT_SCHEMA)
+        if unrecorded is not None:  # the first step would fail: "table alkstore_jobs already exists"
+            raise CommandError(f"{unrecorded} with this revision")
         return None, 0
     parsed = migrations.parse_revision(revision)
     if parsed is None:

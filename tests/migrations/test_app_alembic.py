@@ -22,7 +22,7 @@ import alkstore_sa as alk
 from alkstore_sa import migrations
 from alkstore_sa.cli import main
 from alkstore_sa.cli.alembic_revision import previous_alkstore
-from alkstore_sa.schema import VERSION_TABLE
+from alkstore_sa.schema import VERSION_TABLE, metadata_for
 from tests.conftest import require_pg
 from tests.fresh_pg import fresh_pg_database
 from tests.migrations.alembic_app import (
@@ -245,6 +245,24 @@ def test_chain_downgrade_refuses_a_database_recorded_beyond_it(tmp_path: Path) -
     _ok(app.alembic("upgrade", "head"))
     _ok(app.alembic("downgrade", APP_REVISION))
     assert not ALKSTORE_TABLES & app.tables(None)
+
+
+def test_chain_revision_over_tables_made_outside_the_migrations(tmp_path: Path) -> None:
+    """alkstore's tables made by `metadata.create_all()` (no version table): the generated
+    revision refuses them with Alembic's one FAILED line saying what they are, instead of a
+    driver traceback about `alkstore_jobs` already existing; nothing changes."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'created.db'}", "sqlite")
+    app.generate()
+    _ok(app.alembic("upgrade", APP_REVISION))
+    engine = sa.create_engine(app.url)
+    metadata_for(None).create_all(engine)
+    engine.dispose()
+    refused = app.alembic("upgrade", "head")
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "FAILED" in said and "create_all" in said, said
+    assert "Traceback" not in said, said
+    assert _recorded(app, None) is None
+    assert app.tables(None) >= ALKSTORE_TABLES - {VERSION_TABLE}
 
 
 def test_adopting_a_database_installed_by_alkstore_migrate(tmp_path: Path) -> None:
