@@ -37,6 +37,7 @@ from tests.support import PG_URL, new_pg_schema
 
 # (engine, alkstore's PostgreSQL schema): its own non-default schema, or the app's `public`
 # (where, as on SQLite, the app's autogenerate would see alkstore's tables).
+ROOT = Path(__file__).resolve().parents[2]
 CASES = [("sqlite", None), ("postgresql", "alk_custom"), ("postgresql", "public")]
 
 
@@ -283,6 +284,34 @@ def test_adopting_a_database_installed_by_alkstore_migrate(tmp_path: Path) -> No
     store.close()
     _ok(app.alembic("downgrade", APP_REVISION))
     assert not ALKSTORE_TABLES & app.tables(None)
+    engine.dispose()
+
+
+def test_stamping_over_an_older_install_is_said_to_run_nothing(tmp_path: Path) -> None:
+    """install.md said stamping the generated revision "does the same" as upgrading over a
+    database `alkstore migrate` installed. It runs no step: over an older install the chain
+    then claims a step the tables lack (SchemaOutdated, and nothing left to generate), which
+    only `alkstore migrate` repairs. The docs say so; `alembic upgrade head` does the right
+    thing (the steps it lacks)."""
+    adopt = " ".join(ROOT.joinpath("docs", "install.md").read_text().split(
+        "### Already installed with `alkstore migrate`", 1)[1].split("###", 1)[0].split())
+    assert "does the same for alkstore's tables" not in adopt
+    assert "`alembic stamp <generated revision id>` runs nothing" in adopt
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'older.db'}", "sqlite")
+    _ok(app.alembic("upgrade", "head"))
+    engine = sa.create_engine(app.url)
+    migrations.upgrade(engine, revision=migrations.step_revision(1))  # an earlier release's install
+    rev = app.generate()
+    _ok(app.alembic("stamp", rev))
+    store = alk.Store(engine)
+    with pytest.raises(alk.SchemaOutdated):
+        store.check_schema()
+    before = set(app.versions.glob("*.py"))
+    assert main(["alembic-revision", "-c", str(app.ini)]) == 0
+    assert set(app.versions.glob("*.py")) == before  # "nothing to generate"
+    migrations.upgrade(engine)  # `alkstore migrate` repairs it
+    store.check_schema()
+    store.close()
     engine.dispose()
 
 
