@@ -113,6 +113,9 @@ def _database_message(exc: BaseException, args: argparse.Namespace | None) -> st
             f"the database refused: {text} (run this as a role with that privilege, e.g. the "
             f"owner of the database or schema)"
         )
+    if isinstance(exc, DatabaseError) and orig is not exc and not str(exc).startswith(f"{type(orig).__name__}:"):
+        # alkstore said what it was doing and what to do (the migrations do): keep that
+        return f"database error: {one_line(exc)}"
     return f"database error: {type(orig).__name__}: {text}"
 
 

@@ -219,6 +219,14 @@ def enable_wal(connection: Connection) -> None:
     cursor = connection.connection.cursor()
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
+    except connection.dialect.loaded_dbapi.Error as exc:
+        # a raw DBAPI cursor: SQLAlchemy wraps nothing here, so the driver's own exception
+        # (sqlite3.OperationalError) would escape every caller's DBAPIError handling
+        raise _driver_error(
+            "switching the SQLite database to WAL mode failed (it can switch only while no other "
+            "connection has a transaction open on the file: end the application's open "
+            "transactions, or stop its processes, and install again)", exc,
+        ) from exc
     finally:
         cursor.close()
 
@@ -243,7 +251,8 @@ def _beyond_this_library(current: str, revision: str) -> None:
     raise SchemaTooNew(too_new_message(current))
 
 
-def _driver_error(what: str, exc: sa.exc.DBAPIError | sa.exc.TimeoutError) -> DatabaseError:
+def _driver_error(what: str, exc: BaseException) -> DatabaseError:
+    """``exc`` (SQLAlchemy's wrapper, or a driver's own exception) as a DatabaseError."""
     orig = getattr(exc, "orig", None) or exc
     message = f"{what}: {type(orig).__name__}: {' '.join(str(orig).split())}"
     if getattr(orig, "sqlstate", None) == "42501":  # insufficient_privilege
