@@ -204,8 +204,18 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
 def plain_connection(engine: Engine) -> Connection:
     """``engine.connect()`` without the streaming an application's engine may ask for
     (``stream_results``, ``yield_per``): psycopg's server-side cursor wraps every statement
-    in DECLARE ... CURSOR FOR, which PostgreSQL refuses for DDL and writes."""
-    return engine.connect().execution_options(stream_results=False, yield_per=None)
+    in DECLARE ... CURSOR FOR, which PostgreSQL refuses for DDL and writes.
+
+    On PostgreSQL also without an ``isolation_level="AUTOCOMMIT"`` of the application's
+    engine: under it every DDL statement of an install committed on its own (a failing
+    step left the earlier ones behind) and the install's advisory transaction lock ended
+    at once (concurrent installs ran into each other's tables). The server's default level
+    gives the install its one transaction; the pool gives the application's level back
+    when the connection returns. (SQLite's install takes BEGIN IMMEDIATE itself.)"""
+    connection = engine.connect().execution_options(stream_results=False, yield_per=None)
+    if connection.dialect.name == "postgresql":
+        connection = connection.execution_options(isolation_level=connection.default_isolation_level)
+    return connection
 
 
 def enable_wal(connection: Connection) -> None:
