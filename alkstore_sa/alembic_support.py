@@ -170,14 +170,14 @@ def _all_or_nothing() -> Iterator[None]:
     opens no transaction before DDL: under the documented env.py every CREATE TABLE
     committed on its own, so a revision failing part-way left the earlier steps' tables
     behind with no version recorded anywhere, and every later ``alembic upgrade head`` or
-    ``alkstore migrate`` met "table ... already exists". A SAVEPOINT begins a transaction
-    when none is open and nests inside one that is (``transactional_ddl`` forced on, an
-    app's ``begin`` hook emitting BEGIN, ``alkstore migrate``'s BEGIN IMMEDIATE): on
-    failure everything since is rolled back. Where the savepoint began the transaction its
-    RELEASE commits it, before Alembic writes the app's ``alembic_version``; a crash between
-    the two leaves alkstore's own record, from which the revision's next run skips its steps.
-    The version read runs inside the savepoint too, so a concurrent install makes this one
-    fail (SQLite's stale-snapshot busy error) instead of running steps twice.
+    ``alkstore migrate`` met "table ... already exists". When no transaction is open, BEGIN IMMEDIATE
+    opens one holding the write lock (as ``alkstore migrate`` does), so the version read and
+    the steps wait for other writers instead of failing on a stale snapshot; a SAVEPOINT
+    nests inside it, or inside the transaction that is open (``transactional_ddl`` forced
+    on, an app's ``begin`` hook emitting BEGIN, ``alkstore migrate``'s BEGIN IMMEDIATE): on
+    failure everything since is rolled back. The transaction commits with the app's
+    ``alembic_version``, at Alembic's commit. A concurrent install waits for this one and
+    then reads its record, so no step runs twice.
 
     Offline (``--sql``) the SAVEPOINT and RELEASE are written into the script, so a runner
     that stops at the first error (``sqlite3 -bail``, ``executescript``) applies nothing of
@@ -191,7 +191,16 @@ def _all_or_nothing() -> Iterator[None]:
         yield
         op.execute(f"RELEASE {_SAVEPOINT}")
     else:
-        with op.get_bind().begin_nested():
+        connection = op.get_bind()
+        if not getattr(connection.connection.driver_connection, "in_transaction", True):
+            # No transaction open yet (pysqlite opens none before DDL): take the write lock
+            # first, as `alkstore migrate` does. A savepoint would begin a deferred one, and
+            # its version read a snapshot: the first CREATE TABLE after another connection's
+            # commit then fails at once with "database is locked" (a stale snapshot, which
+            # no busy timeout waits out) - every time, on a database the application is
+            # writing to. Alembic's commit at the end of the migration commits it.
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        with connection.begin_nested():
             yield
 
 

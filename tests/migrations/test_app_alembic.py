@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from tests.migrations.alembic_app import (
     AlembicApp,
     write_app,
 )
-from tests.support import PG_URL, new_pg_schema
+from tests.support import PG_URL, new_pg_schema, wait_for
 
 # (engine, alkstore's PostgreSQL schema): its own non-default schema, or the app's `public`
 # (where, as on SQLite, the app's autogenerate would see alkstore's tables).
@@ -225,6 +226,44 @@ def test_chain_revision_is_all_or_nothing_on_sqlite(env_vars: dict[str, str], tm
     _ok(app.alembic("downgrade", APP_REVISION, env_vars=env_vars))
     assert not ALKSTORE_TABLES & app.tables(None)
     engine.dispose()
+
+
+WRITER = """\
+import pathlib, sqlite3, sys
+db, stop = sys.argv[1], pathlib.Path(sys.argv[2])
+conn = sqlite3.connect(db, timeout=60)
+while not stop.exists():
+    with conn:  # the application's own short write transactions, one after another
+        conn.execute("INSERT INTO app_orders (email) VALUES ('a@example.com')")
+"""
+
+
+@pytest.mark.parametrize("env_vars", [SQLITE_TRANSACTIONS["recipe"], SQLITE_TRANSACTIONS["transactional-ddl"]],
+                         ids=["recipe", "transactional-ddl"])
+def test_chain_upgrade_on_sqlite_while_the_app_writes(env_vars: dict[str, str], tmp_path: Path) -> None:
+    """The generated revision upgrading a live SQLite database (a rolling deploy: the app
+    keeps writing its own rows): it read alkstore's version inside a deferred transaction,
+    and its first CREATE TABLE then failed at once with "database is locked" (a stale
+    snapshot, which no busy timeout waits out) whenever the app had committed in between.
+    It takes the write lock before it reads, so it waits for the app's transaction instead."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'live.db'}", "sqlite")
+    app.generate("--to-step", "2")
+    _ok(app.alembic("upgrade", "head", env_vars=env_vars))
+    app.generate()
+    stop = tmp_path / "stop"
+    db = str(tmp_path / "live.db")
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, db, str(stop)])
+    try:
+        engine = sa.create_engine(app.url)
+        with engine.connect() as conn:
+            wait_for(lambda: conn.scalar(sa.text("SELECT count(*) FROM app_orders")) > 0, "the app writing")
+        engine.dispose()
+        _ok(app.alembic("upgrade", "head", env_vars=env_vars))
+    finally:
+        stop.touch()
+        assert writer.wait(timeout=60) == 0
+    assert _recorded(app, None) == migrations.head_revision()
+    assert app.tables(None) >= ALKSTORE_TABLES
 
 
 def test_chain_downgrade_refuses_a_database_recorded_beyond_it(tmp_path: Path) -> None:
