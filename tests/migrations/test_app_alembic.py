@@ -229,12 +229,13 @@ def test_chain_revision_is_all_or_nothing_on_sqlite(env_vars: dict[str, str], tm
 
 
 WRITER = """\
-import pathlib, sqlite3, sys
+import pathlib, sqlite3, sys, time
 db, stop = sys.argv[1], pathlib.Path(sys.argv[2])
 conn = sqlite3.connect(db, timeout=60)
 while not stop.exists():
     with conn:  # the application's own short write transactions, one after another
         conn.execute("INSERT INTO app_orders (email) VALUES ('a@example.com')")
+    time.sleep(0.001)  # not back-to-back: SQLite's busy handler is not fair to a waiting writer
 """
 
 
