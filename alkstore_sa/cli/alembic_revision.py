@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError, rev_id
 
-from .. import __version__, migrations
+from .. import __version__, _validate, migrations
 from ..migrations import steps
 from ..schema import DEFAULT_SCHEMA
 from ._errors import UsageError
@@ -62,8 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--to-step", type=int, default=steps.HEAD, help=f"target step (default: {steps.HEAD}, this library's)")
     p.add_argument(
         "--schema",
-        help=f"PostgreSQL schema of alkstore's tables (default: the earlier generated revision's, "
-        f"else {DEFAULT_SCHEMA!r}); SQLite ignores it",
+        help=f"PostgreSQL schema of alkstore's tables (default: $ALKSTORE_SCHEMA, else the earlier "
+        f"generated revision's, else {DEFAULT_SCHEMA!r}; a schema other than the earlier "
+        f"revision's is refused); SQLite ignores it",
     )
     p.add_argument("--version-path", help="directory to write into (default: the app's versions directory)")
     p.add_argument("--rev-id", help="revision id of the new file (default: a random one, as alembic does)")
@@ -132,11 +134,18 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
         script.get_revision(down)  # raises CommandError when the app has no such revision
     prev_step, prev_schema = previous_alkstore(script, down)
     from_step = prev_step if args.from_step is None else args.from_step
-    schema = args.schema if args.schema is not None else prev_schema or DEFAULT_SCHEMA
+    # the schema every other command reads from $ALKSTORE_SCHEMA: a revision baking another
+    # one would install the tables where the app's workers and commands do not look
+    env_schema = os.environ.get("ALKSTORE_SCHEMA") or None
+    if args.schema is None and env_schema is not None:
+        _validate.schema(env_schema)
+    given, source = (args.schema, "--schema") if args.schema is not None else (env_schema, "$ALKSTORE_SCHEMA")
+    schema = given if given is not None else prev_schema or DEFAULT_SCHEMA
     if prev_schema is not None and schema != prev_schema:
         raise CommandError(
             f"earlier alkstore revisions use schema {prev_schema!r}; a later step cannot move "
-            f"the tables to {schema!r}"
+            f"the tables to {schema!r} ({source}"
+            + (": unset it, or give the chain's schema with --schema)" if source == "$ALKSTORE_SCHEMA" else ")")
         )
     if not 0 <= from_step <= args.to_step <= steps.HEAD:
         raise CommandError(

@@ -400,6 +400,37 @@ def test_generator_continues_from_the_marker(tmp_path: Path, capsys: pytest.Capt
     assert sorted(app.versions.iterdir()) == before
 
 
+def test_generator_reads_alkstore_schema_from_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every other `alkstore` command takes its schema from $ALKSTORE_SCHEMA; the generator
+    baked 'alkstore' into the revision while the worker, `status`, ... looked in the schema
+    the variable names (NotInstalled there, tables in the other). It reads the variable
+    too; --schema wins over it; and a variable that contradicts the chain's earlier
+    revision is refused, naming it, before anything is written."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'env.db'}", "sqlite")
+    monkeypatch.setenv("ALKSTORE_SCHEMA", "jobs")
+    first = app.generate("--to-step", "1")
+    assert _marker_schema(app, first) == "jobs"
+    second = app.generate("--to-step", "2")  # the same schema: continues
+    assert _marker_schema(app, second) == "jobs"
+    monkeypatch.setenv("ALKSTORE_SCHEMA", "other")
+    before = set(app.versions.glob("*.py"))
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini)], r"'jobs'.*'other'.*ALKSTORE_SCHEMA")
+    assert set(app.versions.glob("*.py")) == before
+    third = app.generate("--schema", "jobs", "--to-step", "2", "--down-revision", first)  # --schema wins
+    assert _marker_schema(app, third) == "jobs"
+    monkeypatch.setenv("ALKSTORE_SCHEMA", "")  # unset in effect: the chain's schema
+    app.versions.joinpath(next(p.name for p in app.versions.glob(f"{third}_*.py"))).unlink()
+    fourth = app.generate()
+    assert _marker_schema(app, fourth) == "jobs"
+
+
+def _marker_schema(app: AlembicApp, rev: str) -> str:
+    script = ScriptDirectory.from_config(Config(str(app.ini)))
+    return str(script.get_revision(rev).module.ALKSTORE_SCHEMA)  # type: ignore[union-attr]
+
+
 def test_generator_refuses_two_heads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     app = write_app(tmp_path, "sqlite://", "sqlite")
     app.add_migration("app_0002a", APP_REVISION, "app_a")
