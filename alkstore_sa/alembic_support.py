@@ -192,7 +192,8 @@ def _all_or_nothing() -> Iterator[None]:
         op.execute(f"RELEASE {_SAVEPOINT}")
     else:
         connection = op.get_bind()
-        if not getattr(connection.connection.driver_connection, "in_transaction", True):
+        driver = connection.connection.driver_connection
+        if connection.dialect.name == "sqlite" and driver is not None and not driver.in_transaction:
             # No transaction open yet (pysqlite opens none before DDL): take the write lock
             # first, as `alkstore migrate` does. A savepoint would begin a deferred one, and
             # its version read a snapshot: the first CREATE TABLE after another connection's
