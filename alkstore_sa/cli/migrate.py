@@ -25,5 +25,14 @@ def run(args: argparse.Namespace) -> int:
             current = migrations.current_revision(conn, args.schema)
     finally:
         engine.dispose()
+    wanted = migrations.head_revision() if args.revision in ("head", "heads") else args.revision
+    if current != wanted:
+        # upgrade() only upgrades: it reaches the target unless the database is past it
+        print(
+            f"alkstore schema at {shown(current)}, past the requested {shown(wanted)}: migrate only "
+            "upgrades, so nothing was undone (to go back, alkstore_sa.migrations.downgrade(engine, "
+            "schema=..., revision=...))"
+        )
+        return 0
     print(f"alkstore schema at {shown(current)}")
     return 0

@@ -110,6 +110,19 @@ def test_migrate_installs_and_is_idempotent(cli: Cli) -> None:
     assert s.queue("after-migrate").stats().ready == 1
 
 
+def test_migrate_to_a_revision_the_database_is_past_says_nothing_was_undone(cli: Cli) -> None:
+    """``migrate --revision R`` only upgrades: on a database already past R it changes
+    nothing, and says so instead of printing the current revision as if it had done what
+    was asked (exit 0: an older release's deploy step in a rolling deploy is no failure)."""
+    head = migrations.head_revision()
+    cli.ok("migrate")
+    for target in ("alkstore_0001", "base"):
+        out = cli.ok("migrate", "--revision", target)
+        assert out.strip().startswith(f"alkstore schema at {head}"), out
+        assert f"past the requested {target}" in out and "nothing was undone" in out, out
+    assert cli.ok("migrate", "--revision", head).strip() == f"alkstore schema at {head}"
+
+
 @pytest.mark.parametrize(
     "argv",
     [
