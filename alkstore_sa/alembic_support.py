@@ -224,9 +224,15 @@ def _recorded(schema: str | None) -> tuple[str | None, int] | None:
             raise CommandError(f"{unrecorded} with this revision")
         return None, 0
     parsed = migrations.parse_revision(revision)
-    if parsed is None:
-        raise SchemaTooNew(migrations.too_new_message(revision))
+    if parsed is None or migrations.schema_verdict(revision) == "too new":
+        raise _TooNew(migrations.too_new_message(revision))
     return revision, parsed[0]
+
+
+class _TooNew(SchemaTooNew, CommandError):
+    """``SchemaTooNew`` for code that runs the chain itself, and Alembic's own error for its
+    command line, which prints it as its one ``FAILED:`` line (as the other refusals of a
+    generated revision) rather than a traceback."""
 
 
 def record_version(from_revision: str | None, to_revision: str | None, *, schema: str | None) -> None:

@@ -306,6 +306,27 @@ def test_chain_revision_over_tables_made_outside_the_migrations(tmp_path: Path) 
     assert app.tables(None) >= ALKSTORE_TABLES - {VERSION_TABLE}
 
 
+@pytest.mark.parametrize("recorded", ["bogus", "alkstore_0009_r0009"])
+def test_chain_revision_over_a_database_too_new_for_the_library(recorded: str, tmp_path: Path) -> None:
+    """A pending generated revision over a database that records an alkstore revision this
+    library cannot use (migrated by a newer release, or an unknown id): Alembic's one
+    FAILED line saying to upgrade alkstore_sa, as the other refusals are, not a traceback;
+    nothing changes."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'newer.db'}", "sqlite")
+    app.generate("--to-step", "1")
+    _ok(app.alembic("upgrade", "head"))
+    app.generate()
+    engine = sa.create_engine(app.url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = ?", (recorded,))
+    engine.dispose()
+    refused = app.alembic("upgrade", "head")
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "FAILED" in said and "upgrade alkstore_sa" in said, said
+    assert "Traceback" not in said, said
+    assert _recorded(app, None) == recorded
+
+
 def test_adopting_a_database_installed_by_alkstore_migrate(tmp_path: Path) -> None:
     """The documented path for a database whose alkstore tables came from `alkstore migrate`
     or Store.install(): generate the revision, then `alembic stamp` it (its steps already
