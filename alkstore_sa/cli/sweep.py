@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
-        names = args.queue or list(store.queue_stats())
+        names = list(dict.fromkeys(args.queue)) if args.queue else list(store.queue_stats())  # each once
         for name in names:
             result = listed_queue(store, name).sweep_expired()
             print(f"{shown(name)}: expired={result.expired} purged={result.purged}")

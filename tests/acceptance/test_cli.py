@@ -305,6 +305,10 @@ def test_sweep_expires_and_purges(cli: Cli) -> None:
     assert cli.ok("sweep", "-q", "purge", "-q", "stale").strip().splitlines() == [
         "purge: expired=0 purged=0", "stale: expired=0 purged=0",
     ]
+    # a queue named twice is swept (and reported) once
+    assert cli.ok("sweep", "-q", "stale", "-q", "purge", "-q", "stale").strip().splitlines() == [
+        "stale: expired=0 purged=0", "purge: expired=0 purged=0",
+    ]
 
 
 def test_sweep_and_dead_reach_an_outboxs_backing_queue(cli: Cli) -> None:
