@@ -15,7 +15,8 @@ class StopToken:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._callbacks: list[list[Callable[[], None]]] = []  # each a one-item list (on_stop)
+        # on_stop's callbacks, each under a key of its own (registration order kept)
+        self._callbacks: dict[object, Callable[[], None]] = {}
 
     def stop(self) -> None:
         """Ask every loop holding this token to finish; idempotent and thread-safe."""
@@ -23,8 +24,8 @@ class StopToken:
             if self._event.is_set():
                 return
             self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for (cb,) in callbacks:
+            callbacks, self._callbacks = self._callbacks, {}
+        for cb in callbacks.values():
             cb()
 
     @property
@@ -44,20 +45,17 @@ class StopToken:
         their callbacks alive."""
         if not callable(callback):
             raise InvalidOptions(f"on_stop needs a callable, got {type(callback).__name__}")
-        entry = [callback]  # a fresh object per registration: identity, not equality, removes it
+        key = object()  # one per registration: the same callback may be registered twice
         with self._lock:
             if not self._event.is_set():
-                self._callbacks.append(entry)
-                return lambda: self._cancel(entry)
+                self._callbacks[key] = callback
+                return lambda: self._cancel(key)
         callback()
         return lambda: None
 
-    def _cancel(self, entry: list[Callable[[], None]]) -> None:
+    def _cancel(self, key: object) -> None:
         with self._lock:
-            for i, registered in enumerate(self._callbacks):
-                if registered is entry:
-                    del self._callbacks[i]
-                    return
+            self._callbacks.pop(key, None)
 
     def __repr__(self) -> str:
         return f"<StopToken stopped={self.stopped}>"

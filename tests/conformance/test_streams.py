@@ -782,7 +782,7 @@ def test_ended_subscriptions_leave_nothing_behind_on_a_long_lived_stop_token(
     sub = st.subscribe("c", stop, poll_interval=NEVER)
     assert next(sub).offset == 1
     sub.close()
-    assert stop._callbacks == []  # noqa: SLF001 - what a long-lived token holds on to
+    assert not stop._callbacks  # noqa: SLF001 - what a long-lived token holds on to
     stop.stop()  # and stopping the token afterwards still works
 
 

@@ -99,7 +99,7 @@ def test_burst_runs_leave_nothing_behind_on_a_long_lived_stop_token(store: alk.S
         store.queue(qname).enqueue(i)
         worker.run(stop, burst=True)
     assert done == [0, 1, 2, 3, 4]
-    assert stop._callbacks == []  # noqa: SLF001 - what a long-lived token holds on to
+    assert not stop._callbacks  # noqa: SLF001 - what a long-lived token holds on to
 
 
 def test_run_on_an_uninstalled_database_raises_not_installed(tmp_path: Path) -> None:
