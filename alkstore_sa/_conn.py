@@ -148,14 +148,71 @@ class SessionExecutor:
             _fail_transaction(self._conn, lost=True)
         return self.backend.translate_error(exc)
 
-    def transaction(self) -> contextlib.nullcontext[None]:
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
         """The caller's transaction is already the atomic unit (and SAVEPOINTs are unreliable
-        under pysqlite's transaction handling), so nothing is added."""
-        return contextlib.nullcontext()
+        under pysqlite's transaction handling), so nothing is added — unless the caller's
+        SQLite connection runs in autocommit (``isolation_level="AUTOCOMMIT"``), where each
+        statement would commit on its own: a publish's offset would then be visible before
+        its event (a reader that moves past it never sees the event). There the operation
+        gets a transaction of its own, as the store's own connections do. (PostgreSQL runs
+        each caller's-transaction operation as one statement: nothing to add there.)"""
+        if self.backend.failure_aborts_transaction or not self._driver_autocommit():
+            return contextlib.nullcontext()
+        return _CallerAutocommitTransaction(self)
+
+    def _driver_autocommit(self) -> bool:
+        """Whether the caller's SQLite driver connection is in autocommit with no transaction
+        open (sqlite3's legacy ``isolation_level=None``, or Python 3.12's ``autocommit=True``);
+        a transaction begun by the application's own ``BEGIN`` (SQLAlchemy's pysqlite recipe)
+        is one to join, not to wrap."""
+        try:
+            driver: Any = self._conn.connection.driver_connection
+            if getattr(driver, "in_transaction", True):
+                return False
+            return getattr(driver, "autocommit", None) is True or driver.isolation_level is None
+        except Exception:  # noqa: BLE001 - no connection to ask: the statement will say why
+            return False
 
     def now(self) -> float | None:
         """No clock of its own: the operation's parameters carry its time."""
         return None
+
+
+class _CallerAutocommitTransaction:
+    """BEGIN (the backend's: IMMEDIATE on SQLite) on the caller's autocommit connection,
+    through SQLAlchemy (its events and echo see it); COMMIT on a clean exit, ROLLBACK on an
+    error (which propagates)."""
+
+    __slots__ = ("_ex",)
+
+    def __init__(self, ex: SessionExecutor) -> None:
+        self._ex = ex
+
+    def __enter__(self) -> None:
+        ex = self._ex
+        try:
+            ex._conn.exec_driver_sql(ex.backend.BEGIN)
+        except Exception as exc:
+            raise ex.backend.translate_error(exc) from exc
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        ex = self._ex
+        if exc_type is None:
+            try:
+                ex._conn.exec_driver_sql("COMMIT")
+                return
+            except Exception as commit_error:
+                self._rollback_quietly()
+                raise ex.backend.translate_error(commit_error) from commit_error
+        self._rollback_quietly()
+
+    def _rollback_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # the original error is the one worth raising
+            driver: Any = self._ex._conn.connection.driver_connection
+            if driver.in_transaction:
+                self._ex._conn.exec_driver_sql("ROLLBACK")
 
 
 class PositionalSessionExecutor(SessionExecutor):

@@ -404,3 +404,43 @@ def test_a_failure_on_an_autocommit_connection_leaves_it_usable(uninstalled: tup
         assert conn.exec_driver_sql("SELECT 1").scalar() == 1
         assert not conn.invalidated
     assert other.notes() == ["autocommitted"]
+
+
+# -- autocommit connections -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("app", ["pysqlite", "aiosqlite"], indirect=True)
+def test_publish_on_an_autocommit_sqlite_connection_is_one_transaction(app: App) -> None:
+    """On a SQLite connection in AUTOCOMMIT, publish's two statements (take the offset,
+    insert the event) still commit together: no other connection ever sees the stream's
+    offset handed out while its event is missing (a reader that moved past it would never
+    see the event)."""
+    engine = make_engine(app.driver, app.target, isolation_level="AUTOCOMMIT")
+    app.store.register(engine)
+    seen: list[tuple[Any, Any]] = []
+    stream = f"s-{uuid.uuid4().hex[:8]}"
+
+    def peek(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if statement.startswith("INSERT INTO") and "alkstore_stream_events" in statement:  # the offset is taken; its event not yet
+            with app.target.engine.connect() as other:
+                last = other.exec_driver_sql("SELECT last_offset FROM alkstore_streams WHERE name = ?", (stream,)).scalar()
+                events = other.exec_driver_sql("SELECT count(*) FROM alkstore_stream_events WHERE stream = ?", (stream,)).scalar()
+                seen.append((last, events))
+
+    sa.event.listen(getattr(engine, "sync_engine", engine), "before_cursor_execute", peek)
+
+    async def in_async() -> int:
+        async with engine.connect() as conn:
+            return await alk.apublish(conn, stream, {"n": 1})
+
+    try:
+        if app.is_async:
+            offset = app.run(in_async())
+        else:
+            with engine.connect() as conn:
+                offset = alk.publish(conn, stream, {"n": 1})
+    finally:
+        app.run(engine.dispose()) if app.is_async else engine.dispose()
+    assert seen == [(None, 0)], "another connection saw the offset taken before its event was written"
+    assert offset == 1
+    assert [(e.offset, e.payload) for e in app.store.stream(stream).read(after=0)] == [(1, {"n": 1})]
