@@ -9,14 +9,16 @@ path, and a generator-based one costs several microseconds more per use.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from ._backends import Backend
-from .errors import AlkstoreError
+from .errors import AlkstoreError, DatabaseError
 
 if TYPE_CHECKING:
     from ._connections import ConnectionCache, Held
@@ -246,10 +248,63 @@ def _fail_transaction(conn: Connection, *, lost: bool = False) -> None:
         autocommit = conn._is_autocommit_isolation()
     except AttributeError:  # a SQLAlchemy without it: treat as transactional (the safe side)
         autocommit = False
-    if autocommit or not conn.in_transaction() or (conn.in_nested_transaction() and not lost):
+    if autocommit or not conn.in_transaction():
+        return
+    if conn.in_nested_transaction() and not lost:
+        _AbortedUnderSavepoint.arm(conn)
         return
     with contextlib.suppress(Exception):  # the statement's own error is the one to raise
         conn.invalidate()
+
+
+class _AbortedUnderSavepoint:
+    """Refuses the COMMIT of a PostgreSQL transaction a failed call aborted inside a
+    SAVEPOINT that was then never rolled back to. Rolling back to the savepoint (or all of
+    it) is the caller's way on; releasing it fails loudly by itself — but a plain
+    ``Connection.commit()`` with the savepoint still open (the error caught inside it), or
+    the commit of the outer transaction a ``join_transaction_mode="create_savepoint"``
+    session runs in, sends COMMIT straight away, which PostgreSQL answers with a silent
+    ROLLBACK: the caller's rows lost without an error. Armed at the failure, disarmed by
+    any rollback (a ROLLBACK TO SAVEPOINT after the failure can only name the savepoint
+    the failure happened in or one around it, so it always undoes the failure)."""
+
+    __slots__ = ("armed",)
+
+    _guards: weakref.WeakKeyDictionary[Connection, _AbortedUnderSavepoint] = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    @classmethod
+    def arm(cls, conn: Connection) -> None:
+        guard = cls._guards.get(conn)
+        if guard is None:  # one set of listeners per Connection, however often it fails
+            guard = cls._guards[conn] = cls()
+            event.listen(conn, "commit", guard._on_commit)
+            event.listen(conn, "rollback", guard._disarm)
+            event.listen(conn, "rollback_savepoint", guard._disarm)
+        guard.armed = True
+
+    def _disarm(self, conn: Connection, *args: Any) -> None:
+        self.armed = False
+
+    def _on_commit(self, conn: Connection) -> None:
+        if self.armed:
+            self.armed = False
+            # The transaction is lost already; end it at the driver now. SQLAlchemy keeps its
+            # side of it after a failed commit, for the caller to roll back — but a
+            # Connection closed without that rollback would go back to the pool unreset,
+            # still inside the aborted transaction.
+            try:
+                conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - then the connection goes
+                with contextlib.suppress(Exception):
+                    conn.invalidate()
+            raise DatabaseError(
+                "COMMIT refused: an alkstore call failed inside a SAVEPOINT that was not rolled "
+                "back, and PostgreSQL aborted the whole transaction there (a COMMIT would "
+                "silently roll back your rows): roll back to the savepoint, or roll back"
+            )
 
 
 class Lease:

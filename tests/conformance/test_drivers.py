@@ -444,3 +444,70 @@ def test_publish_on_an_autocommit_sqlite_connection_is_one_transaction(app: App)
     assert seen == [(None, 0)], "another connection saw the offset taken before its event was written"
     assert offset == 1
     assert [(e.offset, e.payload) for e in app.store.stream(stream).read(after=0)] == [(1, {"n": 1})]
+
+
+@pytest.mark.parametrize("app", ["psycopg", "psycopg2", "asyncpg"], indirect=True)
+@pytest.mark.parametrize("shape", ["connection_savepoint", "create_savepoint_session"])
+def test_a_failure_in_a_savepoint_never_rolled_back_makes_the_commit_fail(
+    uninstalled: tuple[App, alk.Store], shape: str
+) -> None:
+    """PostgreSQL: a call that failed inside a SAVEPOINT aborted the whole transaction. If
+    the caller catches the error without rolling back to the savepoint and commits — a
+    ``Connection.commit()`` with the savepoint still open, or the outer transaction of a
+    ``join_transaction_mode="create_savepoint"`` test fixture — the commit must fail (it
+    would otherwise be a silent ROLLBACK of the caller's rows); after the caller's
+    rollback the connection works, and nothing was written."""
+    other, _ = uninstalled
+    outcome: list[str] = []
+
+    def sync_scenario() -> None:
+        with other.engine.connect() as conn:
+            conn.execute(orders.insert().values(note="mine"))
+            if shape == "connection_savepoint":
+                conn.begin_nested()
+                with pytest.raises(alk.NotInstalled):
+                    alk.enqueue(conn, "q", {"x": 1})
+            else:
+                with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+                    session.execute(orders.insert().values(note="in session"))
+                    with pytest.raises(alk.NotInstalled):
+                        alk.enqueue(session, "q", {"x": 1})
+                    with pytest.raises(sa.exc.SQLAlchemyError):
+                        session.commit()  # releasing the savepoint fails loudly
+                    session.rollback()
+            try:
+                conn.commit()
+                outcome.append("committed")
+            except alk.AlkstoreError:
+                conn.rollback()
+                outcome.append("refused")
+            conn.execute(orders.insert().values(note="after"))
+            conn.commit()
+
+    async def async_scenario() -> None:
+        async with other.engine.connect() as conn:
+            await conn.execute(orders.insert().values(note="mine"))
+            if shape == "connection_savepoint":
+                await conn.begin_nested()
+                with pytest.raises(alk.NotInstalled):
+                    await alk.aenqueue(conn, "q", {"x": 1})
+            else:
+                async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as session:
+                    await session.execute(orders.insert().values(note="in session"))
+                    with pytest.raises(alk.NotInstalled):
+                        await alk.aenqueue(session, "q", {"x": 1})
+                    with pytest.raises(sa.exc.SQLAlchemyError):
+                        await session.commit()
+                    await session.rollback()
+            try:
+                await conn.commit()
+                outcome.append("committed")
+            except alk.AlkstoreError:
+                await conn.rollback()
+                outcome.append("refused")
+            await conn.execute(orders.insert().values(note="after"))
+            await conn.commit()
+
+    other.run(async_scenario()) if other.is_async else sync_scenario()
+    assert outcome == ["refused"], "the commit of a transaction the failure aborted must fail"
+    assert other.notes() == ["after"]
