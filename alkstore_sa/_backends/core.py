@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
-from ..errors import DatabaseError, NotInstalled, SchemaOutdated, install_advice
+from ..errors import DatabaseError, InvalidOptions, NotInstalled, SchemaOutdated, install_advice
 from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, jobs
 from .sql import PROCESSING, Executor, bp
 
@@ -63,6 +63,14 @@ class Core(abc.ABC):
         found = self._by_dialect_class.get(type(dialect))
         if found is not None:
             return found
+        if dialect.name != self.name:
+            # a Queue handle of a store on the other kind of database: its SQL would be sent
+            # to this one (a syntax error that aborts the caller's transaction)
+            raise InvalidOptions(
+                f"this store's tables are in a {self.name} database, and the session or "
+                f"connection is on {dialect.name}: use a Queue handle of a store on the "
+                f"session's own database"
+            )
         driver = self.driver_of(dialect)
         sibling = self._siblings.get(driver)
         if sibling is None:

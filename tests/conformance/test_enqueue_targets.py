@@ -123,3 +123,34 @@ def test_the_callers_stream_results_option_does_not_reach_our_statements(db: Tar
         assert [h.id for h in q.claim_batch("w", 10)] == [job_id, *more, held]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many", "get_job"])
+def test_a_queue_handle_of_the_other_database_kind_is_refused_before_any_statement(
+    db: Target, pg_db: Target, sqlite_db: Target, call: str
+) -> None:
+    """A Queue handle of a store on the other kind of database (a SQLite store's queue with
+    a PostgreSQL session, or the reverse) raises InvalidOptions naming both, before any
+    statement is sent: the caller's transaction stays usable and commits its own row."""
+    other = sqlite_db if db.kind == "postgresql" else pg_db
+    store = other.store()
+    engine = app_engine_of(db)
+    rows.create(engine, checkfirst=True)
+    args = {"enqueue": ({"x": 1},), "enqueue_many": ([{"x": 1}],), "get_job": (1,)}[call]
+    try:
+        with Session(engine) as session:
+            session.execute(sa.insert(rows).values(note="mine"))
+            with pytest.raises(alk.InvalidOptions, match=f"(?s){other.kind}.*{db.kind}"):
+                getattr(alk, call)(session, store.queue("q"), *args)
+            session.commit()
+        assert _notes(engine) == ["mine"]
+    finally:
+        store.close()
+        with engine.begin() as conn:
+            conn.execute(sa.delete(rows))
+
+
+def app_engine_of(db: Target) -> sa.Engine:
+    if db.kind == "postgresql":
+        return db.engine.execution_options(schema_translate_map={None: db.schema})
+    return db.engine
