@@ -100,8 +100,13 @@ class Store:
         self._limited_queues: set[str] = set()
         # engines register()ed besides our own: held weakly, as the registry holds them
         self._extra_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+        # engines whose connections reach this store's database (checked once per engine,
+        # on the first caller's-transaction call through it: see session_executor)
+        self._same_database: weakref.WeakSet[Engine] = weakref.WeakSet([_registry.root_engine(engine)])
+        self._identity: tuple[Any, ...] | None = None
         _registry.register(self, engine)
-        if app_engine is not None:  # the application's engine serves the transactional forms
+        if app_engine is not None:
+            self._same_database.add(_registry.root_engine(app_engine))  # the store's engine came from its URL  # the application's engine serves the transactional forms
             _registry.register(self, app_engine)
             self._extra_engines.add(_registry.root_engine(app_engine))
             self._conns.fresh_pool_at_fork(_registry.root_engine(app_engine))
@@ -395,9 +400,38 @@ class Store:
         return Lease(self._conns, retry, self.now)
 
     def session_executor(self, conn: Connection) -> SessionExecutor:
-        """An executor on the caller's connection, with the backend compiled for its driver."""
+        """An executor on the caller's connection, with the backend compiled for its driver.
+
+        The first call through an engine other than the store's own (a ``register()``ed one,
+        or any session given a Queue handle of this store) checks that it reaches this
+        store's database: InvalidOptions otherwise, before anything is written there (a job
+        in another database, even one with alkstore installed, would never be claimed)."""
         self._check_open()
-        return session_executor(conn, self.backend.for_dialect(conn.dialect))
+        ex = session_executor(conn, self.backend.for_dialect(conn.dialect))
+        root = _registry.root_engine(conn.engine)
+        if root not in self._same_database:
+            self._check_same_database(ex, root)
+        return ex
+
+    def _check_same_database(self, ex: SessionExecutor, root: Engine) -> None:
+        theirs = ex.backend.database_identity(ex)
+        if theirs != self._own_identity(fresh=False) and theirs != self._own_identity(fresh=True):
+            raise InvalidOptions(
+                f"this session's engine reaches another database than the store's "
+                f"({self.engine.url.render_as_string(hide_password=True)}): a job written there "
+                f"would never be claimed. Bind the session to that database, or use a store on "
+                f"the session's own database"
+            )
+        self._same_database.add(root)
+
+    def _own_identity(self, *, fresh: bool) -> tuple[Any, ...]:
+        """The store's database as ``database_identity`` names it, read on one of the store's
+        own connections (no schema check: it touches none of alkstore's tables); read
+        again when ``fresh`` (a PostgreSQL server restarted since the last reading)."""
+        if self._identity is None or fresh:
+            with Lease(self._conns) as own:
+                self._identity = self.backend.database_identity(own)
+        return self._identity
 
 
 # _SHARING_POOLS (from _sqlite, whose settings must not dispose of such a pool either):

@@ -86,6 +86,11 @@ class Core(abc.ABC):
         return self._positions[sql]
 
     @abc.abstractmethod
+    def database_identity(self, ex: Executor) -> tuple[Any, ...]:
+        """Which database ``ex``'s connection reaches, comparable across drivers and routes
+        (a pooler, a direct connection): a store checks a caller's engine with it."""
+
+    @abc.abstractmethod
     def target_schema(self) -> str:
         """What the declared ``alkstore`` schema is rendered as."""
 

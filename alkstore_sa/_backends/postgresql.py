@@ -354,6 +354,20 @@ class PostgresBackend(Backend):
         rows = ex.rows(self.sql("stream_publish", build), {**params, "wake": self.stream_wake_key(params["stream"])})
         return int(rows[0][0])
 
+    def database_identity(self, ex: Executor) -> tuple[Any, ...]:
+        """Which database ``ex`` reaches: its name on a server instance, told apart from
+        another server's by the instance's start time (the same through a pooler and on a
+        direct connection; the privilege-free stand-in for the system identifier)."""
+        sql = self.sql(
+            "database_identity",
+            lambda: sa.select(
+                sa.func.current_database(),
+                sa.func.date_part(sa.literal_column("'epoch'"), sa.func.pg_postmaster_start_time()),
+            ),
+        )
+        name, started = ex.rows(sql, {})[0]
+        return (str(name), float(started))
+
     def create_hub(self, engine: Any, listen_engine: Any = None, clock: Any = None) -> Any:
         from .pg_listener import PgHub
 

@@ -5,6 +5,7 @@ writer-serialized ``UPDATE ... RETURNING``; moves are INSERT + DELETE in that tr
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -189,6 +190,18 @@ class SQLiteBackend(Backend):
             offset = int(ex.rows(counter, params)[0][0])
             ex.rowcount(insert, {**params, "offset": offset})
         return offset
+
+    def database_identity(self, ex: Executor) -> tuple[Any, ...]:
+        """Which database ``ex`` reaches: the file of its ``main`` database, resolved."""
+        sql = self.sql(
+            "database_identity",
+            lambda: sa.select(sa.column("file"))
+            .select_from(sa.table("pragma_database_list"))
+            .where(sa.column("name") == sa.literal_column("'main'")),
+        )
+        rows = ex.rows(sql, {})
+        path = rows[0][0] if rows else ""
+        return (os.path.realpath(path) if path else "",)
 
     def create_hub(self, engine: Any, listen_engine: Any = None, clock: Any = None) -> Any:
         from .sqlite_watcher import SqliteHub

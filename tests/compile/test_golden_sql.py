@@ -698,10 +698,12 @@ def test_caller_drivers_get_their_own_placeholders(caller_compiled: tuple[Target
         prefix = ('"' + target.schema.replace("%", percent) + '".') if quoted else f"{target.schema}."
         for key, raw in statements.items():
             sql = norm(raw)
+            # the store's check of a caller's database (database_identity) takes no parameter
+            takes_params = key != "database_identity"
             if driver == "asyncpg":
-                assert "%(" not in sql and re.search(r"\$\d+", sql), (driver, key)
+                assert "%(" not in sql and (re.search(r"\$\d+", sql) or not takes_params), (driver, key)
             else:
-                assert "$" not in sql and re.search(r"%\(\w+\)s", sql), (driver, key)
+                assert "$" not in sql and (re.search(r"%\(\w+\)s", sql) or not takes_params), (driver, key)
             for table in re.findall(r"(?<![\w.\"])(alkstore_\w+)", _without_literals(sql)):
                 assert f"{prefix}{table}" in sql, (driver, key, table)
             for value in SENTINELS:

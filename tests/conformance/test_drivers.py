@@ -511,3 +511,60 @@ def test_a_failure_in_a_savepoint_never_rolled_back_makes_the_commit_fail(
     other.run(async_scenario()) if other.is_async else sync_scenario()
     assert outcome == ["refused"], "the commit of a transaction the failure aborted must fail"
     assert other.notes() == ["after"]
+
+
+# -- another database --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def other_database(app: App, tmp_path) -> Iterator[Target]:
+    """Another database of ``app``'s kind with alkstore installed in the same schema: a job
+    written there would never be seen by ``app.store`` (nor claimed by its workers)."""
+    from alkstore_sa import migrations
+    from tests.fresh_pg import fresh_pg_database
+
+    if app.target.kind == "sqlite":
+        other = sqlite_target(str(tmp_path))
+        yield other
+        other.engine.dispose()
+        return
+    with fresh_pg_database("alkother") as url:
+        engine = sa.create_engine(url)
+        migrations.upgrade(engine, schema=app.target.schema)
+        yield Target("postgresql", url, engine, app.target.schema)
+        engine.dispose()
+
+
+@pytest.mark.parametrize("via", ["register", "queue_handle"])
+def test_a_store_never_writes_into_another_database(app: App, other_database: Target, via: str) -> None:
+    """A store used with a session on another database of the same kind — an engine
+    ``register()``ed by mistake, or a Queue handle passed with a session of another
+    database — raises InvalidOptions (docs/api.md: register refuses another database)
+    and writes nothing there: a job in that database would never be claimed."""
+    url = sa.make_url(other_database.url)
+    if app.driver in ("pysqlite", "aiosqlite"):
+        url = url.set(drivername="sqlite" if app.driver == "pysqlite" else "sqlite+aiosqlite")
+    else:
+        url = url.set(drivername=f"postgresql+{app.driver}")
+    engine = (create_async_engine if app.is_async else sa.create_engine)(url)
+    queue: Any = app.store.queue("q") if via == "queue_handle" else "q"
+    try:
+        if via == "register":
+            app.store.register(engine)
+
+        async def in_async() -> None:
+            async with AsyncSession(engine) as session:
+                with pytest.raises(alk.InvalidOptions, match="another database"):
+                    await alk.aenqueue(session, queue, {"x": 1})
+                await session.commit()
+
+        if app.is_async:
+            app.run(in_async())
+        else:
+            with Session(engine) as session:
+                with pytest.raises(alk.InvalidOptions, match="another database"):
+                    alk.enqueue(session, queue, {"x": 1})
+                session.commit()
+    finally:
+        app.run(engine.dispose()) if app.is_async else engine.dispose()
+    assert other_database.scalar(f"SELECT count(*) FROM {other_database.table('alkstore_jobs')}") == 0
