@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import PendingRollbackError
 
 from ._backends import Backend
 from .errors import AlkstoreError, DatabaseError
@@ -238,39 +239,45 @@ def _fail_transaction(conn: Connection, *, lost: bool = False) -> None:
     """After a statement failed in the caller's transaction on PostgreSQL: the server has
     aborted that transaction, and a later COMMIT would be answered with a silent ROLLBACK —
     the caller's own rows lost with no error (every driver reports that COMMIT as a
-    success). Invalidating the connection makes SQLAlchemy refuse the commit
-    (``PendingRollbackError``) until the caller rolls back. Inside a SAVEPOINT nothing is
-    done: rolling back to it makes the transaction usable again, and releasing it fails
-    loudly. Nor in autocommit, where no transaction was lost. ``lost``: the database has
-    already rolled back the whole transaction, SAVEPOINTs included (SQLite), so there is
-    no savepoint left to go back to either."""
+    success). A guard on the connection refuses that commit until the caller rolls back
+    (or back to a SAVEPOINT around the failure, which makes the transaction usable again).
+    The connection itself is kept: invalidating it would make SQLAlchemy reconnect after
+    the rollback *without* the Connection's own settings (an ``isolation_level`` or
+    ``postgresql_readonly`` execution option: a SERIALIZABLE connection silently carrying
+    on at READ COMMITTED). Nothing in autocommit, where no transaction was lost.
+    ``lost``: the database has already rolled back the whole transaction, SAVEPOINTs
+    included (SQLite), so later statements would run outside it: the connection is
+    invalidated, and SQLAlchemy refuses everything until the caller rolls back."""
     try:
         autocommit = conn._is_autocommit_isolation()
     except AttributeError:  # a SQLAlchemy without it: treat as transactional (the safe side)
         autocommit = False
     if autocommit or not conn.in_transaction():
         return
-    if conn.in_nested_transaction() and not lost:
-        _AbortedUnderSavepoint.arm(conn)
+    if not lost:
+        _AbortedTransactionGuard.arm(conn)
         return
     with contextlib.suppress(Exception):  # the statement's own error is the one to raise
         conn.invalidate()
 
 
-class _AbortedUnderSavepoint:
-    """Refuses the COMMIT of a PostgreSQL transaction a failed call aborted inside a
-    SAVEPOINT that was then never rolled back to. Rolling back to the savepoint (or all of
-    it) is the caller's way on; releasing it fails loudly by itself — but a plain
-    ``Connection.commit()`` with the savepoint still open (the error caught inside it), or
-    the commit of the outer transaction a ``join_transaction_mode="create_savepoint"``
-    session runs in, sends COMMIT straight away, which PostgreSQL answers with a silent
-    ROLLBACK: the caller's rows lost without an error. Armed at the failure, disarmed by
-    any rollback (a ROLLBACK TO SAVEPOINT after the failure can only name the savepoint
-    the failure happened in or one around it, so it always undoes the failure)."""
+class CommitRefused(DatabaseError, PendingRollbackError):
+    """The caller's COMMIT of a transaction an alkstore call's failure aborted: an
+    alkstore ``DatabaseError`` and SQLAlchemy's ``PendingRollbackError`` (roll back)."""
+
+
+class _AbortedTransactionGuard:
+    """Refuses the COMMIT of a PostgreSQL transaction a failed call aborted, until it is
+    rolled back: armed at the failure, disarmed by any rollback — a ROLLBACK TO SAVEPOINT
+    after the failure can only name the savepoint the failure happened in or one around
+    it, so it always undoes the failure. (Releasing a savepoint fails loudly by itself;
+    a ``Connection.commit()`` with the savepoint still open, or the commit of the outer
+    transaction a ``join_transaction_mode="create_savepoint"`` session runs in, sends
+    COMMIT straight away.)"""
 
     __slots__ = ("armed",)
 
-    _guards: weakref.WeakKeyDictionary[Connection, _AbortedUnderSavepoint] = weakref.WeakKeyDictionary()
+    _guards: weakref.WeakKeyDictionary[Connection, _AbortedTransactionGuard] = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
         self.armed = False
@@ -300,10 +307,10 @@ class _AbortedUnderSavepoint:
             except Exception:  # noqa: BLE001 - then the connection goes
                 with contextlib.suppress(Exception):
                     conn.invalidate()
-            raise DatabaseError(
-                "COMMIT refused: an alkstore call failed inside a SAVEPOINT that was not rolled "
-                "back, and PostgreSQL aborted the whole transaction there (a COMMIT would "
-                "silently roll back your rows): roll back to the savepoint, or roll back"
+            raise CommitRefused(
+                "COMMIT refused: an alkstore call failed in this transaction, and PostgreSQL "
+                "aborted it there (a COMMIT would silently roll back your rows): roll back "
+                "(or back to a savepoint around the failed call)"
             )
 
 

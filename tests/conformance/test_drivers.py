@@ -568,3 +568,37 @@ def test_a_store_never_writes_into_another_database(app: App, other_database: Ta
     finally:
         app.run(engine.dispose()) if app.is_async else engine.dispose()
     assert other_database.scalar(f"SELECT count(*) FROM {other_database.table('alkstore_jobs')}") == 0
+
+
+@pytest.mark.parametrize("app", ["psycopg", "psycopg2", "asyncpg"], indirect=True)
+def test_a_failed_call_keeps_the_connections_own_settings(uninstalled: tuple[App, alk.Store]) -> None:
+    """PostgreSQL: after a failed call the caller's commit is refused and, once the caller
+    rolled back, the Connection carries on — with the settings it was given
+    (``isolation_level="SERIALIZABLE"``, ``postgresql_readonly``), not a fresh connection's
+    defaults (a SERIALIZABLE connection silently at READ COMMITTED)."""
+    other, _ = uninstalled
+    show = "SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')"
+    seen: list[Any] = []
+
+    def sync_scenario() -> None:
+        with other.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="SERIALIZABLE", postgresql_readonly=True)
+            with pytest.raises(alk.NotInstalled):
+                alk.get_job(conn, "q", 1)
+            with pytest.raises(sa.exc.PendingRollbackError):
+                conn.commit()
+            conn.rollback()
+            seen.append(tuple(conn.exec_driver_sql(show).one()))
+
+    async def async_scenario() -> None:
+        async with other.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="SERIALIZABLE", postgresql_readonly=True)
+            with pytest.raises(alk.NotInstalled):
+                await alk.aget_job(conn, "q", 1)
+            with pytest.raises(sa.exc.PendingRollbackError):
+                await conn.commit()
+            await conn.rollback()
+            seen.append(tuple((await conn.exec_driver_sql(show)).one()))
+
+    other.run(async_scenario()) if other.is_async else sync_scenario()
+    assert seen == [("serializable", "on")]
