@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import PendingRollbackError
 
 from ._backends import Backend
-from .errors import AlkstoreError, DatabaseError
+from .errors import AlkstoreError, DatabaseError, NotInstalled
 
 if TYPE_CHECKING:
     from ._connections import ConnectionCache, Held
@@ -103,11 +103,13 @@ class SessionExecutor:
     connection's driver (``Backend.for_dialect``); this class serves the drivers that take
     named parameters in a dict (psycopg, psycopg2, sqlite3)."""
 
-    __slots__ = ("_conn", "backend")
+    __slots__ = ("_conn", "backend", "unregistered")
 
-    def __init__(self, conn: Connection, backend: Backend) -> None:
+    def __init__(self, conn: Connection, backend: Backend, *, unregistered: bool = False) -> None:
         self._conn = conn
         self.backend = backend  # compiled for this connection's driver: run operations on it
+        # no store is registered for the connection's engine: the defaults serve it
+        self.unregistered = unregistered
 
     def _params(self, sql: str, params: Mapping[str, Any]) -> Any:
         return dict(params)
@@ -149,7 +151,19 @@ class SessionExecutor:
             _fail_transaction(self._conn)
         elif began and not self._driver_in_transaction():
             _fail_transaction(self._conn, lost=True)
-        return self.backend.translate_error(exc)
+        err = self.backend.translate_error(exc)
+        if self.unregistered and type(err) is NotInstalled and self.backend.name == "postgresql":
+            # the store may well be installed, in another schema, for another Engine object:
+            # "run alkstore migrate" alone would install a second copy whose jobs it never sees
+            again = NotInstalled(
+                f"{err}. No Store is registered for this session's engine, so the default schema "
+                f"{self.backend.schema!r} was used: if your store is on another schema or was made "
+                "on another Engine object (from the URL, say), call store.register(engine) with "
+                "the engine your sessions use"
+            )
+            again.__cause__ = err.__cause__
+            return again
+        return err
 
     def transaction(self) -> contextlib.AbstractContextManager[None]:
         """The caller's transaction is already the atomic unit (and SAVEPOINTs are unreliable
@@ -228,11 +242,12 @@ class PositionalSessionExecutor(SessionExecutor):
         return tuple([params[name] for name in self.backend.positions(sql)])
 
 
-def session_executor(conn: Connection, backend: Backend) -> SessionExecutor:
-    """The executor for a caller's connection, given the backend compiled for its driver."""
+def session_executor(conn: Connection, backend: Backend, *, unregistered: bool = False) -> SessionExecutor:
+    """The executor for a caller's connection, given the backend compiled for its driver;
+    ``unregistered``: no store is registered for the connection's engine."""
     if backend.positional:
-        return PositionalSessionExecutor(conn, backend)
-    return SessionExecutor(conn, backend)
+        return PositionalSessionExecutor(conn, backend, unregistered=unregistered)
+    return SessionExecutor(conn, backend, unregistered=unregistered)
 
 
 def _fail_transaction(conn: Connection, *, lost: bool = False) -> None:

@@ -137,4 +137,4 @@ class _DefaultStore:
 
     def session_executor(self, conn: Connection) -> SessionExecutor:
         """An executor on the caller's connection, with the backend compiled for its driver."""
-        return session_executor(conn, self.backend.for_dialect(conn.dialect))
+        return session_executor(conn, self.backend.for_dialect(conn.dialect), unregistered=True)

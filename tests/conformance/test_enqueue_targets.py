@@ -154,3 +154,35 @@ def app_engine_of(db: Target) -> sa.Engine:
     if db.kind == "postgresql":
         return db.engine.execution_options(schema_translate_map={None: db.schema})
     return db.engine
+
+
+def test_an_engine_no_store_is_registered_for_says_so_when_the_default_schema_is_missing(pg_db: Target) -> None:
+    """PostgreSQL: a session on an Engine object no store is registered for (the app made
+    its own engine from the URL the store was given) writes to the default schema; when
+    that is not installed, the NotInstalled says that no store is registered for the
+    engine and how to register one — not only "run alkstore migrate", which would install
+    a second copy in the default schema whose jobs the store never claims."""
+    from tests.fresh_pg import fresh_pg_database
+
+    with fresh_pg_database("alkunreg") as url:  # a database with no default-schema install
+        _unregistered_engine(url, pg_db.schema)
+
+
+def _unregistered_engine(url: str, schema: str) -> None:
+    store = alk.Store(url, schema=schema)  # the store's own engine, made from the URL
+    store.install()
+    app = sa.create_engine(url)  # the application's: not registered
+    try:
+        with Session(app) as session:
+            with pytest.raises(alk.NotInstalled, match=r"(?s)No Store is registered.*\.register\(engine\)"):
+                alk.enqueue(session, "q", {"x": 1})
+            session.rollback()
+        store.register(app)
+        with Session(app) as session:
+            job_id = alk.enqueue(session, "q", {"x": 1})
+            session.commit()
+        job = store.get_job(job_id)
+        assert job is not None and job.payload == {"x": 1}
+    finally:
+        store.close()
+        app.dispose()
