@@ -106,7 +106,10 @@ class Store:
         self._identity: tuple[Any, ...] | None = None
         _registry.register(self, engine)
         if app_engine is not None:
-            self._same_database.add(_registry.root_engine(app_engine))  # the store's engine came from its URL  # the application's engine serves the transactional forms
+            # not taken on trust: the store's engine came from the app engine's URL, but the
+            # app engine's connect_args (another driver's, not carried over) may name
+            # another database; its first caller's-transaction call checks. The application's
+            # engine serves the transactional forms:
             _registry.register(self, app_engine)
             self._extra_engines.add(_registry.root_engine(app_engine))
             self._conns.fresh_pool_at_fork(_registry.root_engine(app_engine))

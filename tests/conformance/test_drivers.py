@@ -602,3 +602,32 @@ def test_a_failed_call_keeps_the_connections_own_settings(uninstalled: tuple[App
 
     other.run(async_scenario()) if other.is_async else sync_scenario()
     assert seen == [("serializable", "on")]
+
+
+@pytest.mark.parametrize("app", ["psycopg2", "asyncpg"], indirect=True)
+def test_a_store_made_from_an_engine_whose_connect_args_reach_another_database(app: App, other_database: Target) -> None:
+    """``alk.Store(engine)`` of a psycopg2 or async engine makes its own psycopg 3 engine
+    from the URL, without the engine's ``connect_args`` (another driver's). When those name
+    another database than the URL, the application's sessions reach that one: the first
+    call raises InvalidOptions instead of writing a job the store never sees."""
+    url = app_url(app.driver, app.target)
+    other_name = sa.make_url(other_database.url).database
+    connect_args = {"dbname": other_name} if app.driver == "psycopg2" else {"database": other_name}
+    engine = (create_async_engine if app.is_async else sa.create_engine)(url, connect_args=connect_args)
+    store = alk.Store(engine, schema=app.target.schema)
+
+    async def in_async() -> None:
+        async with AsyncSession(engine) as session:
+            with pytest.raises(alk.InvalidOptions, match="another database"):
+                await alk.aenqueue(session, "q", {"x": 1})
+
+    try:
+        if app.is_async:
+            app.run(in_async())
+        else:
+            with Session(engine) as session, pytest.raises(alk.InvalidOptions, match="another database"):
+                alk.enqueue(session, "q", {"x": 1})
+    finally:
+        store.close()
+        app.run(engine.dispose()) if app.is_async else engine.dispose()
+    assert other_database.scalar(f"SELECT count(*) FROM {other_database.table('alkstore_jobs')}") == 0

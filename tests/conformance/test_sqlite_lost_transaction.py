@@ -84,6 +84,9 @@ def test_an_interrupted_aenqueue_makes_the_commit_fail(sqlite_db: Target, qname:
         try:
             async with AsyncSession(engine) as session:
                 await session.execute(orders.insert().values(note="mine"))
+                # the store's first call through an engine not its own checks that it reaches
+                # the store's database (one read): made before, so the enqueue is interrupted
+                assert await alk.aget_job(session, qname, 1) is None
                 raw = await (await session.connection()).get_raw_connection()
                 await raw.driver_connection.set_progress_handler(_once(), 1)  # type: ignore[union-attr]
                 with pytest.raises(alk.DatabaseError, match="interrupted"):
