@@ -631,3 +631,38 @@ def test_a_store_made_from_an_engine_whose_connect_args_reach_another_database(a
         store.close()
         app.run(engine.dispose()) if app.is_async else engine.dispose()
     assert other_database.scalar(f"SELECT count(*) FROM {other_database.table('alkstore_jobs')}") == 0
+
+
+@pytest.mark.parametrize("app", ["pysqlite", "aiosqlite"], indirect=True)
+def test_an_engine_on_a_symlink_to_the_sqlite_file_is_the_same_database(app: App, tmp_path) -> None:
+    """SQLite: an engine that reaches the store's database file through a symbolic link is
+    the store's database (SQLite follows the link, WAL and locks included): its jobs are
+    written and seen. (A hard link is not: SQLite would keep a second WAL beside it.)"""
+    import os
+
+    src = sa.make_url(app.target.url).database
+    assert src is not None
+    link = tmp_path / "via-symlink.db"
+    os.symlink(src, link)
+    url = f"{'sqlite+aiosqlite' if app.is_async else 'sqlite'}:///{link}"
+    engine = (create_async_engine if app.is_async else sa.create_engine)(url)
+    app.store.register(engine)
+
+    async def in_async() -> int:
+        async with AsyncSession(engine) as session:
+            job_id = await alk.aenqueue(session, "q", {"via": "symlink"})
+            await session.commit()
+            return job_id
+
+    def in_sync() -> int:
+        with Session(engine) as session:
+            job_id = alk.enqueue(session, "q", {"via": "symlink"})
+            session.commit()
+            return job_id
+
+    try:
+        job_id = app.run(in_async()) if app.is_async else in_sync()
+    finally:
+        app.run(engine.dispose()) if app.is_async else engine.dispose()
+    job = app.store.get_job(job_id)
+    assert job is not None and job.payload == {"via": "symlink"}
