@@ -211,8 +211,12 @@ def plain_connection(engine: Engine) -> Connection:
     step left the earlier ones behind) and the install's advisory transaction lock ended
     at once (concurrent installs ran into each other's tables). The server's default level
     gives the install its one transaction; the pool gives the application's level back
-    when the connection returns. (SQLite's install takes BEGIN IMMEDIATE itself.)"""
-    connection = engine.connect().execution_options(stream_results=False, yield_per=None)
+    when the connection returns. (SQLite's install takes BEGIN IMMEDIATE itself.)
+
+    And without the engine's ``schema_translate_map`` (a multi-tenant engine): the store's
+    statements name its schema as it is, so the DDL must too — translated, the install's
+    CREATE TABLEs went to the mapped schema while its ALTER TABLEs (raw names) did not."""
+    connection = engine.connect().execution_options(stream_results=False, yield_per=None, schema_translate_map=None)
     if connection.dialect.name == "postgresql":
         connection = connection.execution_options(isolation_level=connection.default_isolation_level)
     return connection
