@@ -13,11 +13,13 @@ pending acks are written once
 
 A batch that an ``add`` on a runner thread makes due is written by that thread, with no
 hand-off. So is one that an ``add`` on the event loop makes due because every job in
-flight now waits for its ack: no job runs then, on the loop or on a thread, and none can
-start before this write frees their slots, so blocking the loop for it holds up no job
-(only tasks a job left running in the background wait, for the length of the write and
-the claim riding with it); and the jobs that claim hands out start on the loop with no
-wake-up either. The acker's own writer thread writes the batches that come due by time,
+flight now waits for its ack and no other asyncio task is on the loop: nothing runs then,
+on the loop or on a thread, and no job can start before this write frees their slots, so
+blocking the loop for it holds up nobody; and the jobs that claim hands out start on the
+loop with no wake-up either. A task a job left running in the background keeps the batch
+off the loop (the writer thread writes it): it may hold what the write would wait for —
+on SQLite, an open write transaction of the application's AsyncEngine holds the file's one
+write lock until the loop lets it commit. The acker's own writer thread writes the batches that come due by time,
 or from the event loop while other jobs still run there (they must not wait on the
 database). The writer is woken only for an ack due before it would wake by itself, or
 such a batch from the event loop: a thread that writes every batch costs it no wake-up
@@ -141,11 +143,12 @@ class Acker:
                 self._first_due = due
             due_now = self._due_in(now) <= 0
             if due_now and not self._writing and (
-                asyncio._get_running_loop() is None or len(self._pending) >= self._in_flight()
+                asyncio._get_running_loop() is None
+                or (len(self._pending) >= self._in_flight() and _alone_on_loop())
             ):
                 # due now, on a runner thread — or on the event loop with every job in flight
-                # waiting for its ack, so no job runs there (module docstring): written here,
-                # no hand-off
+                # waiting for its ack and no other asyncio task there, so nothing runs on the
+                # loop (module docstring): written here, no hand-off
                 batch = self._take()
             elif (due_now and not self._writing) or due < self._wakes_at:
                 # the writer sleeps until the oldest one's due time: tell it about one due
@@ -297,6 +300,17 @@ class Ride:
             return
         self.settled = True
         self._acker._record(self._works, _answers(self._writing, landed), claimed=True)
+
+
+def _alone_on_loop() -> bool:
+    """(On the event loop, in a job's asyncio task.) Whether no other asyncio task is still
+    on the loop. A task a job left running in the background may hold what the batch's
+    write would wait for — on SQLite the file's one write lock, taken by an open
+    transaction of the application's AsyncEngine that commits only once the loop lets it —
+    so the loop writes a batch itself only when it blocks nobody; otherwise the writer
+    thread does. (``all_tasks`` lists the unfinished tasks of the running loop: the
+    caller's own among them.)"""
+    return len(asyncio.all_tasks()) <= 1
 
 
 def _answers(works: list[Work], landed: set[tuple[int, int]]) -> dict[int, Answer]:

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import alkstore_sa as alk
 from alkstore_sa.worker import acker, claimer
@@ -1223,3 +1224,61 @@ def test_context_variables_a_job_sets_do_not_reach_the_jobs_after_it(store: alk.
     assert sorted(seen, key=lambda s: s[1]) == [
         ("async" if n % 3 == 0 else "sync", n, "run's caller") for n in range(6)
     ]
+
+
+def test_an_ack_never_waits_on_the_loop_for_a_write_a_background_task_of_the_loop_holds(
+    sqlite_db: Target, qname: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async task that leaves an asyncio task behind writing through the application's
+    own AsyncEngine (an audit row, fire and forget): on SQLite that task holds the file's one
+    write lock until the loop lets it reach its commit. The job's ack must not be written
+    on the loop then — it would wait for a lock only the loop it blocks can release, for the
+    whole busy timeout, fail, and leave the job to run again. Each job runs once, is acked,
+    and every audit row lands. (SQLite alone: there the app's writes and the worker's acks
+    share one lock.)"""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from alkstore_sa import _sqlite
+
+    monkeypatch.setattr(_sqlite, "BUSY_TIMEOUT_MS", 3000)  # a broken worker fails in seconds, not minutes
+    caplog.set_level(logging.WARNING, logger="alkstore_sa")
+    engine = sa.create_engine(sqlite_db.url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE audit (id INTEGER PRIMARY KEY, job INTEGER)")
+    app_engine = create_async_engine(sqlite_db.url.replace("sqlite:///", "sqlite+aiosqlite:///", 1))
+    store = alk.Store(engine)
+    tasks = alk.Tasks()
+    ran: list[int] = []
+    left_behind: set[asyncio.Task[None]] = set()
+
+    async def audit(job_id: int) -> None:
+        async with app_engine.begin() as conn:  # takes the write lock at the INSERT ...
+            await conn.execute(sa.text("INSERT INTO audit (job) VALUES (:j)"), {"j": job_id})
+            await asyncio.sleep(0.05)  # ... and releases it at the commit, on the loop
+
+    @tasks.task(queue=qname, name="audited")
+    async def audited(n: int) -> None:
+        job = alk.current_job()
+        assert job is not None
+        ran.append(job.id)
+        left_behind.add(asyncio.get_running_loop().create_task(audit(job.id)))
+        await asyncio.sleep(0.01)  # the audit row is written: the lock is held from here
+
+    try:
+        ids = [audited.enqueue(store, n) for n in range(3)]
+        with running(alk.Worker(store, tasks, concurrency=1, poll_interval=0.2)) as r:
+            wait_for(lambda: store.queue(qname).stats().pending + store.queue(qname).stats().processing == 0,
+                     "every job acked")
+            wait_for(lambda: _audit_rows(engine) == 3, "every audit row committed")
+            r.stop_and_join()
+        assert sorted(ran) == ids  # each job ran once
+        assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], caplog.text
+    finally:
+        store.close()
+        asyncio.run(app_engine.dispose())
+        engine.dispose()
+
+
+def _audit_rows(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT count(*) FROM audit").scalar_one())
