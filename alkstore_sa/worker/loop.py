@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.thread
 import contextvars
 import logging
 import threading
@@ -63,6 +64,7 @@ class EventLoopThread:
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
+        loop.set_default_executor(_CallThreads(thread_name_prefix=f"{self.name}-call"))
         ready = threading.Event()
 
         def run() -> None:
@@ -116,6 +118,23 @@ class EventLoopThread:
         if left > 0:
             log.warning("%d asyncio task(s) ignored cancellation at shutdown and were dropped", left)
         loop.close()
+
+
+class _CallThreads(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor: the threads of ``asyncio.to_thread`` and
+    ``loop.run_in_executor(None, ...)``, where async jobs run their sync calls (as
+    docs/worker.md tells them to). Like the worker's handler threads they are daemon threads
+    that the interpreter does not wait for at exit: a call still running when its job was
+    abandoned after the grace period dies with the process, instead of keeping the process
+    from exiting (``concurrent.futures`` joins every thread of its executors at exit, daemon
+    or not) until the CLI's guard ends it as a blocked stop."""
+
+    def _adjust_thread_count(self) -> None:
+        super()._adjust_thread_count()  # type: ignore[misc]  # (private: starts a thread when one is needed)
+        joined_at_exit = getattr(concurrent.futures.thread, "_threads_queues", None)
+        if joined_at_exit is not None:
+            for t in self._threads:  # type: ignore[attr-defined]
+                joined_at_exit.pop(t, None)  # daemon already: made on the loop's daemon thread
 
 
 async def _cancel_all(timeout: float) -> int:

@@ -70,3 +70,57 @@ def test_sigterm_finishes_sync_and_async_tasks_in_flight(db: Target, tmp_path: P
         assert [store.get_job(i) for i in ids] == [None, None]  # both acked, none left to lapse
     finally:
         store.close()
+
+
+STUCK = '''
+import asyncio
+import pathlib
+import threading
+
+import alkstore_sa as alk
+
+tasks = alk.Tasks()
+HERE = pathlib.Path(__file__).parent
+NEVER = threading.Event()
+
+
+@tasks.task(queue="stuck-q")
+async def stuck(n):
+    (HERE / f"started-{n}").touch()
+    await asyncio.to_thread(NEVER.wait)  # sync I/O kept off the loop, as docs/worker.md says; it never returns
+'''
+
+
+def test_a_call_an_async_task_left_in_to_thread_does_not_keep_the_worker_from_exiting(
+    db: Target, tmp_path: Path
+) -> None:
+    """An async task waiting in ``asyncio.to_thread`` (the docs' way to do sync I/O from an
+    async task) on a call that does not return: after the grace period the task is
+    cancelled and its claim left to lapse, and the process exits 0 at once, as it does for a
+    sync handler thread — the thread running that call dies with the process instead of
+    being waited for at exit until the blocked-stop guard ends it with code 1."""
+    (tmp_path / "stuck_tasks.py").write_text(STUCK)
+    store = db.store()
+    job_id = store.queue("stuck-q").enqueue({"task": "stuck_tasks.stuck", "args": [1], "kwargs": {}})
+    proc = subprocess.Popen(
+        [str(ALKSTORE), "worker", "stuck_tasks:tasks", "--poll-interval", "3600", "--grace", "0.5",
+         "--url", db.url, "--schema", db.schema],
+        cwd=tmp_path, env=env(PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: (tmp_path / "started-1").exists() or proc.poll() is not None, "the task to start", STARTUP)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    try:
+        assert proc.returncode == 0, err
+        assert "cancelled at shutdown" in err and "blocked in a call" not in err, err
+        job = store.get_job(job_id)
+        assert job is not None and job.state == "processing"  # left to lapse, as documented
+    finally:
+        store.close()
