@@ -40,7 +40,7 @@ try:
 except ImportError as exc:
     raise MissingExtra("alkstore_sa.flask needs Flask: pip install 'alkstore-sa[flask]'") from exc
 
-from .cli._common import stop_on_signals
+from .cli._common import exit_past_abandoned_jobs, stop_on_signals
 from .cli._errors import explain
 from .cli._shown import stderr_handler
 from .store import Store
@@ -174,3 +174,4 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
         code, message = explain(exc, None)
         raise (_CannotRun if code == 2 else _Failed)(message) from exc
     click.echo(f"worker: {worker.processed} job(s) done")
+    exit_past_abandoned_jobs(worker._abandoned)  # their threads die with the process

@@ -4,9 +4,11 @@ store, the parser whose options refuse to be repeated, and stopping on signals."
 from __future__ import annotations
 
 import argparse
+import concurrent.futures.thread
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -195,6 +197,34 @@ def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = No
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return stop
+
+
+def exit_past_abandoned_jobs(abandoned: int, code: int = 0) -> None:
+    """After a worker stopped and ``abandoned`` jobs still ran at the end of its grace period
+    (their claims lapse): end the process now with ``code`` when threads would hold up the
+    interpreter's exit — threads those jobs started or keep busy (a ``ThreadPoolExecutor``
+    of a task's own, whose threads the interpreter joins at exit, daemon or not; a
+    non-daemon thread). The abandoned jobs' code dies with the process, as documented for
+    their handler threads, instead of keeping it until the blocked-stop guard ends it."""
+    if not abandoned:
+        return
+    joined_at_exit = getattr(concurrent.futures.thread, "_threads_queues", {})
+    holding = [
+        t for t in threading.enumerate()
+        if t is not threading.current_thread() and t.is_alive() and (not t.daemon or t in joined_at_exit)
+    ]
+    if not holding:
+        return
+    log.info(
+        "not waiting for %d thread(s) still busy with the %d abandoned job(s) (%s); exiting",
+        len(holding), abandoned, ", ".join(sorted(t.name for t in holding)),
+    )
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()  # flushes every handler
+    finally:
+        os._exit(code)
 
 
 def _exit_now() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import InvalidOptions
 from ..tasks import Task, Tasks
 from ..worker import Worker
-from ._common import add_database_options, open_store, stop_on_signals
+from ._common import add_database_options, exit_past_abandoned_jobs, open_store, stop_on_signals
 from ._errors import TRACEBACK_HINT, UsageError
 
 
@@ -148,4 +148,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"worker: {worker.processed} job(s) done", flush=True)
     finally:
         store.close()
+    exit_past_abandoned_jobs(worker._abandoned)  # their threads die with the process
     return 0

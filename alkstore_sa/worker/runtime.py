@@ -132,6 +132,7 @@ class Worker:
         self._claimer: Claimer | None = None
         self._runner: Runner | None = None
         self._running_in: int | None = None  # the pid of the process whose run() is under way
+        self._abandoned = 0  # jobs the last run left running after its grace period
 
     @property
     def worker_id(self) -> str:
@@ -241,6 +242,7 @@ class Worker:
 
     def _drain(self, worker_id: str, runner: Runner, acker: Acker) -> None:
         left = runner.wait_idle(self.shutdown_grace)  # pending acks hold their slots: written by now
+        self._abandoned = left  # (the CLI then does not wait for the threads they keep busy)
         if left:
             log.warning(
                 "worker %s: %d job(s) still running after the %gs grace period; their claims "

@@ -124,3 +124,57 @@ def test_a_call_an_async_task_left_in_to_thread_does_not_keep_the_worker_from_ex
         assert job is not None and job.state == "processing"  # left to lapse, as documented
     finally:
         store.close()
+
+
+POOLED = '''
+import concurrent.futures
+import pathlib
+import threading
+
+import alkstore_sa as alk
+
+tasks = alk.Tasks()
+HERE = pathlib.Path(__file__).parent
+NEVER = threading.Event()
+
+
+@tasks.task(queue="pooled-q")
+def pooled(n):
+    (HERE / f"started-{n}").touch()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the task's own pool; its calls never return
+        list(pool.map(lambda _: NEVER.wait(), range(2)))
+'''
+
+
+def test_threads_a_sync_task_left_behind_do_not_keep_the_worker_from_exiting(db: Target, tmp_path: Path) -> None:
+    """A sync task abandoned at the end of the grace period while waiting on threads of its
+    own (a ThreadPoolExecutor it made, whose threads the interpreter joins at exit): the
+    worker exits 0 once its stop is done, as documented for abandoned handler threads,
+    instead of waiting at exit until the blocked-stop guard ends it with code 1 and blames
+    the database."""
+    (tmp_path / "pooled_tasks.py").write_text(POOLED)
+    store = db.store()
+    job_id = store.queue("pooled-q").enqueue({"task": "pooled_tasks.pooled", "args": [1], "kwargs": {}})
+    proc = subprocess.Popen(
+        [str(ALKSTORE), "worker", "pooled_tasks:tasks", "--poll-interval", "3600", "--grace", "0.5",
+         "--url", db.url, "--schema", db.schema],
+        cwd=tmp_path, env=env(PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: (tmp_path / "started-1").exists() or proc.poll() is not None, "the task to start", STARTUP)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    try:
+        assert proc.returncode == 0, err
+        assert "still running after the 0.5s grace period" in err and "blocked in a call" not in err, err
+        assert "worker: 0 job(s) done" in out, out
+        job = store.get_job(job_id)
+        assert job is not None and job.state == "processing"  # left to lapse, as documented
+    finally:
+        store.close()
