@@ -208,16 +208,12 @@ def exit_past_abandoned_jobs(abandoned: int, code: int = 0) -> None:
     their handler threads, instead of keeping it until the blocked-stop guard ends it."""
     if not abandoned:
         return
-    joined_at_exit = getattr(concurrent.futures.thread, "_threads_queues", {})
-    holding = [
-        t for t in threading.enumerate()
-        if t is not threading.current_thread() and t.is_alive() and (not t.daemon or t in joined_at_exit)
-    ]
+    holding = _holding_exit()
     if not holding:
         return
     log.info(
         "not waiting for %d thread(s) still busy with the %d abandoned job(s) (%s); exiting",
-        len(holding), abandoned, ", ".join(sorted(t.name for t in holding)),
+        len(holding), abandoned, ", ".join(t.name for t in holding),
     )
     try:
         sys.stdout.flush()
@@ -225,6 +221,19 @@ def exit_past_abandoned_jobs(abandoned: int, code: int = 0) -> None:
         logging.shutdown()  # flushes every handler
     finally:
         os._exit(code)
+
+
+def _holding_exit() -> list[threading.Thread]:
+    """The threads, other than the caller and the main thread, that the interpreter would
+    wait for at exit: non-daemon threads, and the threads of ``concurrent.futures``
+    executors (joined at exit, daemon or not)."""
+    joined_at_exit = getattr(concurrent.futures.thread, "_threads_queues", {})
+    main, me = threading.main_thread(), threading.current_thread()
+    return sorted(
+        (t for t in threading.enumerate()
+         if t is not me and t is not main and t.is_alive() and (not t.daemon or t in joined_at_exit)),
+        key=lambda t: t.name,
+    )
 
 
 def _exit_now() -> None:
@@ -237,7 +246,19 @@ def _exit_now() -> None:
 
 
 def _force_exit(signal_name: str, after: float) -> None:
-    """End a process whose stop is blocked."""
+    """End a process whose stop is blocked — or whose command is done but which the
+    interpreter keeps at exit, waiting for threads it joins there (a non-daemon thread of
+    the application's, the threads of an executor): then the line names them, since no
+    call is blocked and nothing is in flight."""
+    if not threading.main_thread().is_alive():  # the main thread finished: the interpreter is exiting
+        holding = _holding_exit()
+        _exit(
+            f"alkstore: still running {after:g}s after {signal_name}: the command is done, but "
+            f"the process cannot exit: Python waits for {len(holding)} thread(s) that do not end "
+            f"({', '.join(repr(t.name) for t in holding)}: non-daemon threads, or threads of an "
+            "executor, which Python joins at exit); exiting with code 1\n",
+            1,
+        )
     _exit(
         f"alkstore: still running {after:g}s after {signal_name}: blocked in a call a stop cannot "
         "interrupt (an unresponsive database server?); exiting with code 1 - claims of jobs "

@@ -53,3 +53,45 @@ def test_a_worker_whose_database_never_answers_still_exits_after_sigterm(tmp_pat
                 proc.communicate()
     assert proc.returncode == 1, (proc.returncode, out, err)
     assert "received SIGTERM" in err and "still running" in err and "after SIGTERM" in err, err
+
+
+def test_a_worker_held_at_exit_by_a_thread_of_the_app_says_so_rather_than_blame_the_database(
+    tmp_path: Path,
+) -> None:
+    """The application's module starts a non-daemon thread of its own that never ends. The
+    worker's stop is done — nothing in flight, its lines logged — but the interpreter waits
+    for that thread at exit, until the guard ends the process: its line names the thread
+    that holds the exit, not a blocked call or an unresponsive database server, and no
+    jobs in flight."""
+    (tmp_path / "jobs.py").write_text(textwrap.dedent(
+        """
+        import threading
+
+        threading.Thread(target=threading.Event().wait, name="app-poller").start()  # non-daemon, never ends
+
+        def handle(job):
+            pass
+        """
+    ))
+    db = tmp_path / "app.db"
+    url = f"sqlite:///{db}"
+    assert subprocess.run([str(ALKSTORE), "migrate", "--url", url], capture_output=True, timeout=STARTUP).returncode == 0
+    proc = subprocess.Popen(
+        [str(ALKSTORE), "worker", "jobs:handle", "--queue", "q", "--grace", "0", "--url", url],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stderr.readline() if proc.stderr is not None else ""
+        assert "started" in line, line
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=STOP_MARGIN + 30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the worker was still running long after SIGTERM") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, (proc.returncode, out, err)
+    assert "stopped after 0 jobs" in err and "'app-poller'" in err, err
+    assert "blocked in a call" not in err and "database" not in err.split("stopped after")[1], err
