@@ -169,6 +169,12 @@ class Runner:
         except BaseException:  # noqa: BLE001 - keep the slot count true; the claim will lapse
             log.exception("job %s: the event loop caught an unexpected error; its claim will lapse", w.handle.id)
             outcome = None
+        # recorded outside the job's context: an ack may write a batch of other jobs' acks
+        # and claim and start the next jobs here (acker.py), whose log lines and spans must
+        # not carry what this job set (a log field bound, a tenant id)
+        self._context.copy().run(self._settle_async, w, outcome)
+
+    def _settle_async(self, w: Work, outcome: Outcome | None) -> None:
         if outcome is None:
             self._done(w, None)
         elif not self._handed_over(w, outcome):

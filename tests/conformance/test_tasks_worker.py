@@ -1282,3 +1282,40 @@ def test_an_ack_never_waits_on_the_loop_for_a_write_a_background_task_of_the_loo
 def _audit_rows(engine: sa.Engine) -> int:
     with engine.connect() as conn:
         return int(conn.exec_driver_sql("SELECT count(*) FROM audit").scalar_one())
+
+
+def test_what_an_async_job_set_in_its_context_is_not_seen_by_the_records_of_other_jobs(
+    store: alk.Store, qname: str
+) -> None:
+    """The last async job in flight has its event loop write the acks of the others that
+    wait for theirs (and claim the next jobs): those jobs' log records are not made in the
+    context of the job that finished last, so a field it bound (a tenant id, a
+    structlog.contextvars field) never appears on another job's lines."""
+    tasks = alk.Tasks()
+    records: list[tuple[int, str | None]] = []
+
+    class Seen(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.msg == "job %s: %s":  # each outcome's DEBUG line, with its job id
+                records.append((int(record.args[0]), _BOUND.get()))  # type: ignore[index]
+            return True
+
+    @tasks.task(queue=qname, name="binds")
+    async def binds(seconds: float) -> None:
+        job = alk.current_job()
+        assert job is not None
+        _BOUND.set(f"job {job.id}")
+        await asyncio.sleep(seconds)
+
+    ids = [binds.enqueue(store, 0.05 if n % 2 == 0 else 0.001) for n in range(8)]
+    logger = logging.getLogger("alkstore_sa")
+    seen, level = Seen(), logger.level
+    logger.addFilter(seen)
+    logger.setLevel(logging.DEBUG)
+    try:
+        alk.Worker(store, tasks, concurrency=2, poll_interval=0.2).run(burst=True)
+    finally:
+        logger.removeFilter(seen)
+        logger.setLevel(level)
+    assert sorted(job_id for job_id, _ in records) == ids  # every job's outcome was logged
+    assert [(job_id, bound) for job_id, bound in records if bound is not None] == []
