@@ -99,32 +99,39 @@ def test_a_call_an_async_task_left_in_to_thread_does_not_keep_the_worker_from_ex
     cancelled and its claim left to lapse, and the process exits 0 at once, as it does for a
     sync handler thread — the thread running that call dies with the process instead of
     being waited for at exit until the blocked-stop guard ends it with code 1."""
-    (tmp_path / "stuck_tasks.py").write_text(STUCK)
+    proc, _out, err = _stopped_mid_task(db, tmp_path, "stuck_tasks", STUCK, "stuck")
+    assert proc.returncode == 0, err
+    assert "cancelled at shutdown" in err and "blocked in a call" not in err, err
+
+
+def _stopped_mid_task(db: Target, tmp_path: Path, module: str, source: str, task: str) -> tuple[subprocess.Popen[str], str, str]:
+    """Run ``alkstore worker MODULE:tasks`` (grace 0.5 s) on one job of ``task`` (queue
+    ``TASK-q``), SIGTERM it once the task started, and return the ended process and its
+    output; the job must be left processing, its claim to lapse, as documented."""
+    (tmp_path / f"{module}.py").write_text(source)
     store = db.store()
-    job_id = store.queue("stuck-q").enqueue({"task": "stuck_tasks.stuck", "args": [1], "kwargs": {}})
-    proc = subprocess.Popen(
-        [str(ALKSTORE), "worker", "stuck_tasks:tasks", "--poll-interval", "3600", "--grace", "0.5",
-         "--url", db.url, "--schema", db.schema],
-        cwd=tmp_path, env=env(PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
     try:
-        wait_for(lambda: (tmp_path / "started-1").exists() or proc.poll() is not None, "the task to start", STARTUP)
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    try:
-        assert proc.returncode == 0, err
-        assert "cancelled at shutdown" in err and "blocked in a call" not in err, err
+        job_id = store.queue(f"{task}-q").enqueue({"task": f"{module}.{task}", "args": [1], "kwargs": {}})
+        proc = subprocess.Popen(
+            [str(ALKSTORE), "worker", f"{module}:tasks", "--poll-interval", "3600", "--grace", "0.5",
+             "--url", db.url, "--schema", db.schema],
+            cwd=tmp_path, env=env(PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            wait_for(lambda: (tmp_path / "started-1").exists() or proc.poll() is not None, "the task to start", STARTUP)
+            assert proc.poll() is None, proc.communicate()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
         job = store.get_job(job_id)
-        assert job is not None and job.state == "processing"  # left to lapse, as documented
+        assert job is not None and job.state == "processing", (job, err)  # left to lapse, as documented
+        return proc, out, err
     finally:
         store.close()
-
 
 POOLED = '''
 import concurrent.futures
@@ -152,29 +159,7 @@ def test_threads_a_sync_task_left_behind_do_not_keep_the_worker_from_exiting(db:
     worker exits 0 once its stop is done, as documented for abandoned handler threads,
     instead of waiting at exit until the blocked-stop guard ends it with code 1 and blames
     the database."""
-    (tmp_path / "pooled_tasks.py").write_text(POOLED)
-    store = db.store()
-    job_id = store.queue("pooled-q").enqueue({"task": "pooled_tasks.pooled", "args": [1], "kwargs": {}})
-    proc = subprocess.Popen(
-        [str(ALKSTORE), "worker", "pooled_tasks:tasks", "--poll-interval", "3600", "--grace", "0.5",
-         "--url", db.url, "--schema", db.schema],
-        cwd=tmp_path, env=env(PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        wait_for(lambda: (tmp_path / "started-1").exists() or proc.poll() is not None, "the task to start", STARTUP)
-        assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    try:
-        assert proc.returncode == 0, err
-        assert "still running after the 0.5s grace period" in err and "blocked in a call" not in err, err
-        assert "worker: 0 job(s) done" in out, out
-        job = store.get_job(job_id)
-        assert job is not None and job.state == "processing"  # left to lapse, as documented
-    finally:
-        store.close()
+    proc, out, err = _stopped_mid_task(db, tmp_path, "pooled_tasks", POOLED, "pooled")
+    assert proc.returncode == 0, err
+    assert "still running after the 0.5s grace period" in err and "blocked in a call" not in err, err
+    assert "worker: 0 job(s) done" in out, out
