@@ -135,6 +135,9 @@ class _Source:
         # burst: its limits hold back jobs that are ready now; it is claimed again when
         # they could pass (its due time), not at every turn of the loop
         self.held_ready = False
+        # it has settings (SPEC §14), yet they did not hold it at its last idle look: a claim
+        # that came back short may still have left ready jobs (burst looks again)
+        self.unheld_limited = False
 
     def ready(self, now: float) -> bool:
         return now >= self.not_before and (self.woken or now >= self.due)
@@ -422,7 +425,13 @@ class Claimer:
             if s.capped and s.finishes != finishes:
                 s.woken = True  # one of ours finished while the limit was being read
             s.held_ready = clean and s.held_for is not None and self._ready_now(s)
-            if clean and not s.held_ready:
+            if clean and s.unheld_limited and self._ready_now(s):
+                # its claim came back short under its limits, which no longer hold it by the
+                # time they were read (a rate window that freed meanwhile): ready jobs are
+                # left, so it is not drained; claimed again at once
+                s.woken = True
+                self._drained.discard(s)
+            elif clean and not s.held_ready:
                 self._drained.add(s)
             else:
                 self._drained.discard(s)
@@ -467,6 +476,7 @@ class Claimer:
                 waits[s] = self.poll_interval
                 continue
             s.capped = held is not None and held[1]
+            s.unheld_limited = held is None and s.queue.name in store._limited_queues
             s.held_for = None if held is None else held[0]
             if held is not None:
                 wait = held[0]

@@ -35,6 +35,7 @@ def _stalled_run(db: Target, tmp_path: Path, notifier: alk.Store) -> dict[str, A
         assert time.monotonic() < deadline, "the listener never said it listens"
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGSTOP)
+    _wait_stopped(proc.pid)  # a thread running on the other core goes on until it is stopped
     try:
         for i in range(COUNT):
             notifier.notify("stalled", str(i))
@@ -46,6 +47,24 @@ def _stalled_run(db: Target, tmp_path: Path, notifier: alk.Store) -> dict[str, A
     (result,) = harness.collect(group.procs, group.outs)
     assert result["ended"], "the END notification never arrived"
     return result  # type: ignore[no-any-return]
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until every thread of ``pid`` is stopped (state T in /proc): SIGSTOP returns before a
+    thread running on another core has stopped, and that thread could still read a
+    notification sent right after."""
+    deadline = time.monotonic() + STARTUP
+    while True:
+        states = []
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                continue  # a thread that just ended
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"the listener's threads never stopped: {states}"
+        time.sleep(0.005)
 
 
 def test_a_stopped_listener_gets_every_notification_after_it_resumes(db: Target, tmp_path: Path) -> None:
