@@ -42,11 +42,7 @@ def test_a_worker_whose_database_never_answers_still_exits_after_sigterm(tmp_pat
             server.settimeout(STARTUP)
             conn, _ = server.accept()  # the worker is now waiting for the server's first answer
             with conn:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    out, err = proc.communicate(timeout=STOP_MARGIN + 30)
-                except subprocess.TimeoutExpired:
-                    raise AssertionError("the worker was still running long after SIGTERM") from None
+                out, err = _sigterm_and_wait(proc)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -83,11 +79,7 @@ def test_a_worker_held_at_exit_by_a_thread_of_the_app_says_so_rather_than_blame_
     try:
         line = proc.stderr.readline() if proc.stderr is not None else ""
         assert "started" in line, line
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=STOP_MARGIN + 30)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("the worker was still running long after SIGTERM") from None
+        out, err = _sigterm_and_wait(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -95,3 +87,13 @@ def test_a_worker_held_at_exit_by_a_thread_of_the_app_says_so_rather_than_blame_
     assert proc.returncode == 1, (proc.returncode, out, err)
     assert "stopped after 0 jobs" in err and "'app-poller'" in err, err
     assert "blocked in a call" not in err and "database" not in err.split("stopped after")[1], err
+
+
+def _sigterm_and_wait(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM the worker and collect its output; it must exit within its stop's bound and
+    a margin (the caller kills it otherwise)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=STOP_MARGIN + 30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the worker was still running long after SIGTERM") from None

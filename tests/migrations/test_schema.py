@@ -178,13 +178,7 @@ def previous_step(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[al
         engine, schema = sa.create_engine(PG_URL), new_pg_schema("previous")
     previous = migrations.step_revision(migrations.parse_revision(migrations.head_revision())[0] - 1)  # type: ignore[index]
     migrations.upgrade(engine, schema=schema, revision=previous)  # type: ignore[arg-type]
-    store = alk.Store(engine, schema=schema)
-    yield store
-    store.close()
-    if request.param == "postgresql":
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    engine.dispose()
+    yield from _store_then_drop(engine, schema, request.param)
 
 
 def test_caller_transaction_on_an_outdated_schema_says_schema_outdated(previous_step: alk.Store) -> None:
@@ -212,13 +206,7 @@ def created_without_migrations(request: pytest.FixtureRequest, tmp_path: Path) -
         with engine.begin() as conn:
             conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
     metadata_for(None if request.param == "sqlite" else schema).create_all(engine)
-    store = alk.Store(engine, schema=schema)
-    yield store
-    store.close()
-    if request.param == "postgresql":
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    engine.dispose()
+    yield from _store_then_drop(engine, schema, request.param)
 
 
 def test_tables_made_outside_the_migrations_are_said_so(created_without_migrations: alk.Store) -> None:
@@ -236,3 +224,14 @@ def test_tables_made_outside_the_migrations_are_said_so(created_without_migratio
         schema = None if conn.dialect.name == "sqlite" else store.schema
         assert "alkstore_jobs" in sa.inspect(conn).get_table_names(schema=schema)
         assert migrations.current_revision(conn, store.schema) is None
+
+
+def _store_then_drop(engine: sa.Engine, schema: str, kind: str) -> Iterator[alk.Store]:
+    """A fixture's tail: a store on ``engine``; afterwards the PostgreSQL schema dropped."""
+    store = alk.Store(engine, schema=schema)
+    yield store
+    store.close()
+    if kind == "postgresql":
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    engine.dispose()
