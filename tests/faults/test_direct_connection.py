@@ -8,6 +8,9 @@ the client's own port number* (what any proxy does by chance, about once in 28,0
 connections). The ports the server sees then match the client's exactly; only the
 addresses tell the two apart. The proxy counts the named Parse messages (server-side
 prepared statements) passing through.
+
+The client's port number may be taken on the IPv4 loopback (another connection to the
+server uses it): the proxy then drops that client, and the engine connects again.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class SamePortProxy:
         self.server = server
         self.prepared: list[str] = []
         self.connections = 0
+        self.dropped = 0  # clients whose port number was taken on the server's side
         self.listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind((PROXY_ADDRESS, server[1]))
@@ -48,8 +52,15 @@ class SamePortProxy:
             except OSError:
                 return
             upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            upstream.bind((self.server[0], port))
-            upstream.connect(self.server)
+            upstream.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                upstream.bind((self.server[0], port))
+                upstream.connect(self.server)
+            except OSError:
+                self.dropped += 1
+                for s in (upstream, client):
+                    s.close()
+                continue
             self.connections += 1
             threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
@@ -103,6 +114,18 @@ def proxied_engine(pg_db: Target) -> Iterator[tuple[sa.Engine, SamePortProxy]]:
             pytest.fail(reason)
         pytest.skip(reason)
     engine = sa.create_engine(url.set(host=PROXY_ADDRESS))
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _again_when_dropped(dialect: sa.Dialect, _rec: object, cargs: tuple, cparams: dict) -> object:
+        for _ in range(20):
+            dropped = proxy.dropped
+            try:
+                return dialect.loaded_dbapi.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError:
+                if proxy.dropped == dropped:
+                    raise
+        raise AssertionError("the proxy dropped 20 connections in a row")
+
     try:
         yield engine, proxy
     finally:
