@@ -19,16 +19,16 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-
-from alembic.config import Config
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError, rev_id
+from typing import TYPE_CHECKING
 
 from .. import __version__, _validate, migrations
-from ..migrations import steps
 from ..schema import DEFAULT_SCHEMA
 from ._errors import UsageError
 from ._shown import shown
+
+if TYPE_CHECKING:  # Alembic is imported when this command runs, not by every alkstore command
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 STEPS_MARKER = "ALKSTORE_STEPS"
 SCHEMA_MARKER = "ALKSTORE_SCHEMA"
@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="alkstore step the app's chain already reaches (default: read from the revisions "
         "this command generated earlier, else 0)",
     )
-    p.add_argument("--to-step", type=int, default=steps.HEAD, help=f"target step (default: {steps.HEAD}, this library's)")
+    head = migrations.head_step()
+    p.add_argument("--to-step", type=int, default=head, help=f"target step (default: {head}, this library's)")
     p.add_argument(
         "--schema",
         help=f"PostgreSQL schema of alkstore's tables (default: $ALKSTORE_SCHEMA, else the earlier "
@@ -87,6 +88,8 @@ def checked_rev_id(value: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from alembic.util import CommandError
+
     checked_rev_id(args.rev_id)
     try:
         script = _app_scripts(args.config)
@@ -105,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _app_scripts(config: str) -> ScriptDirectory | None:
     """The app's script directory, or None when it has no alembic.ini (arguments must say all)."""
+    from alembic.script import ScriptDirectory
+
     if not Path(config).is_file():
         return None
     return ScriptDirectory.from_config(app_config(Path(config)))
@@ -115,6 +120,8 @@ def app_config(ini: Path) -> Config:
     ``[tool.alembic]`` table of a ``pyproject.toml`` — the one next to the ini, else the
     current directory's, which is where ``alembic`` looks. Alembic >= 1.16's ``pyproject``
     template keeps ``script_location`` there; older Alembic reads the ini alone."""
+    from alembic.config import Config
+
     if "toml_file" not in inspect.signature(Config).parameters:  # Alembic < 1.16
         return Config(str(ini))
     toml = next((p for p in (ini.parent / "pyproject.toml", Path("pyproject.toml")) if p.is_file()), None)
@@ -122,6 +129,10 @@ def app_config(ini: Path) -> Config:
 
 
 def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Plan | None, Path]:
+    from alembic.util import CommandError, rev_id
+
+    from ..migrations import steps
+
     if script is None and None in (args.version_path, args.down_revision, args.from_step):
         raise CommandError(
             f"no {args.config}: pass -c path/to/alembic.ini, or all of --version-path, "
@@ -160,6 +171,8 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
 def _single_head(script: ScriptDirectory) -> str | None:
     """The app's one head (None for an empty chain). With several, the new revision would
     have no single place to go: say what to do (Alembic's own words name its Python API)."""
+    from alembic.util import CommandError
+
     heads = sorted(script.get_heads())
     if len(heads) > 1:
         raise CommandError(
@@ -171,6 +184,8 @@ def _single_head(script: ScriptDirectory) -> str | None:
 
 
 def _versions_dir(script: ScriptDirectory | None) -> Path:
+    from alembic.util import CommandError
+
     assert script is not None  # _plan demands --version-path without a config
     try:
         return Path(script.versions)
