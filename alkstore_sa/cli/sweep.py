@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..outbox import listed_queue
+from ..outbox import listed_queue, listed_queue_name
 from ._common import add_database_options, open_store
 from ._shown import shown
 
@@ -17,9 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    # every name given is checked before anything is swept: bad input writes nothing
+    given = list(dict.fromkeys(listed_queue_name(q) for q in args.queue)) if args.queue else None  # each once
     store = open_store(args)
     try:
-        names = list(dict.fromkeys(args.queue)) if args.queue else list(store.queue_stats())  # each once
+        names = given if given is not None else list(store.queue_stats())
         for name in names:
             result = listed_queue(store, name).sweep_expired()
             print(f"{shown(name)}: expired={result.expired} purged={result.purged}")

@@ -336,6 +336,20 @@ def test_sweep_and_dead_reach_an_outboxs_backing_queue(cli: Cli) -> None:
     assert again is not None and again.payload == {"e": 1}
 
 
+def test_sweep_with_an_invalid_queue_name_sweeps_nothing(cli: Cli) -> None:
+    """Bad input writes nothing: a ``--queue`` that is no valid name is refused (exit 2)
+    before any queue is swept, not after the valid ones before it were."""
+    cli.install()
+    past = cli.store(clock=lambda: time.time() - 7200)
+    stale = past.queue("stale").enqueue({"s": 1}, expires=60)  # expired long ago
+    for bad in ("", "__alkstore_x"):
+        res = cli.run("sweep", "-q", "stale", "-q", bad)
+        assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+        assert "queue name" in res.stderr and res.stdout == "", (res.stdout, res.stderr)
+        job = cli.store().get_job(stale)
+        assert job is not None and job.state == "pending", job
+
+
 # -- worker ------------------------------------------------------------------------------------
 
 HANDLERS = textwrap.dedent(
