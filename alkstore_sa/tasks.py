@@ -279,6 +279,11 @@ class Tasks:
             name = v.name(name, "task name")
 
         def decorate(f: Callable[P, R]) -> Task[P, R]:
+            if isinstance(f, staticmethod):
+                # @tasks.task above @staticmethod in a class body: the function it holds is
+                # the task (the object is callable, but neither async nor generator checks
+                # see through it)
+                f = f.__func__
             if not callable(f):
                 raise InvalidOptions(f"@tasks.task decorates a function, got a {type(f).__name__}")
             problem = generator_problem(f, f"task {name or _default_name(f)!r}")

@@ -274,6 +274,40 @@ def test_a_generator_function_is_refused_as_a_task_or_handler(store: alk.Store, 
         alk.Worker(store, qname, func)
 
 
+def test_a_staticmethod_decorated_as_a_task_in_a_class_body_is_the_function_it_holds(
+    store: alk.Store, qname: str
+) -> None:
+    """``@tasks.task`` above ``@staticmethod`` decorates the staticmethod object (callable
+    since Python 3.10), not its function: an ``async def`` one was taken for sync, so every
+    job was retried with 'returned an awaitable' until dead, and a generator one was not
+    refused."""
+    tasks = alk.Tasks()
+    ran: list[tuple[str, int]] = []
+
+    class Jobs:
+        @tasks.task(queue=qname, name="async-static")
+        @staticmethod
+        async def async_static(n: int) -> None:
+            await asyncio.sleep(0)
+            ran.append(("async", n))
+
+        @tasks.task(queue=qname, name="sync-static")
+        @staticmethod
+        def sync_static(n: int) -> None:
+            ran.append(("sync", n))
+
+    assert Jobs.async_static.is_async and not Jobs.sync_static.is_async
+    with pytest.raises(alk.InvalidOptions, match="generator"):
+        tasks.task(queue=qname, name="gen-static")(staticmethod(_gen))
+    with pytest.raises(alk.InvalidOptions, match="cannot take these arguments"):
+        Jobs.async_static.enqueue(store, 1, 2)
+    Jobs.async_static.enqueue(store, 1)
+    Jobs.sync_static.enqueue(store, 2)
+    alk.Worker(store, tasks, poll_interval=0.2).run(burst=True)
+    assert sorted(ran) == [("async", 1), ("sync", 2)]
+    assert store.queue(qname).stats().pending == 0
+
+
 @pytest.mark.parametrize("make", [_gen, _agen], ids=["generator", "async-generator"])
 def test_a_task_or_handler_returning_a_generator_is_retried_never_acked(
     store: alk.Store, qname: str, make: Callable[[], Any]
