@@ -165,8 +165,11 @@ class Task(Generic[P, R]):
         self.queue = queue
         self.opts = opts
         self.priority = priority
-        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-            getattr(func, "__call__", None)  # noqa: B004 - a callable object's async __call__
+        # a Task of another registry is async when its function is (before Python 3.12 no
+        # markcoroutinefunction below tells inspect so)
+        self.is_async: bool = func.is_async if isinstance(func, Task) else (
+            inspect.iscoroutinefunction(func)
+            or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004 - a callable object's async __call__
         )
         mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
         if self.is_async and mark is not None:

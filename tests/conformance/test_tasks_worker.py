@@ -308,6 +308,27 @@ def test_a_staticmethod_decorated_as_a_task_in_a_class_body_is_the_function_it_h
     assert store.queue(qname).stats().pending == 0
 
 
+def test_an_async_task_registered_in_a_second_registry_runs_as_async(store: alk.Store, qname: str) -> None:
+    """A Task decorated again by another registry (``@app.task`` over ``@shared.task``) is an
+    ``async def`` task when the one it wraps is: before Python 3.12 (no
+    ``inspect.markcoroutinefunction``) it was taken for sync, and every job was retried
+    with 'returned an awaitable' until dead."""
+    shared, app = alk.Tasks(), alk.Tasks()
+    ran: list[int] = []
+
+    @app.task(queue=qname, name="outer")
+    @shared.task(queue=f"{qname}-shared", name="inner")
+    async def both(n: int) -> None:
+        await asyncio.sleep(0)
+        ran.append(n)
+
+    assert both.is_async
+    both.enqueue(store, 1)
+    alk.Worker(store, app, poll_interval=0.2).run(burst=True)
+    assert ran == [1]
+    assert store.queue(qname).stats().pending == 0
+
+
 @pytest.mark.parametrize("make", [_gen, _agen], ids=["generator", "async-generator"])
 def test_a_task_or_handler_returning_a_generator_is_retried_never_acked(
     store: alk.Store, qname: str, make: Callable[[], Any]
