@@ -180,7 +180,7 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<alkstore_sa.Task {self.name!r} queue={self.queue!r}>"
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
 
     def enqueue(self, target: EnqueueTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:

@@ -92,6 +92,20 @@ def test_defaults_and_the_look_of_the_function() -> None:
     assert send(7, template="x") == "7:x"  # a plain call runs the function here
 
 
+def test_a_plain_call_passes_every_keyword_to_the_function(store: alk.Store, qname: str) -> None:
+    """A task whose function has a parameter named ``self`` (a method registered from its
+    class) takes it as a keyword, in a plain call as in ``enqueue``: the Task's own
+    ``__call__`` took it for its ``self`` ('got multiple values for argument')."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="takes-self")
+    def takes_self(self: int, n: int = 0) -> tuple[int, int]:
+        return self, n
+
+    assert takes_self(self=1, n=2) == (1, 2)
+    assert takes_self.enqueue(store, self=1, n=2) > 0
+
+
 def test_bare_decorator_and_options() -> None:
     tasks = alk.Tasks()
 
