@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -205,9 +207,42 @@ _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # t
 def decode_payload(text: str) -> Any:
     """A stored payload's value. The payloads this library writes are compact JSON, read
     with the decoder's scanner alone (a claimed job's payload is decoded on the worker's
-    hot path); anything else takes ``json.loads``, which also reports malformed text."""
+    hot path); anything else takes ``json.loads``, which also reports malformed text (a
+    ``ValueError``, as is a payload too deeply nested to decode at all)."""
     try:
-        value, end = _scan(text, 0)
-    except (StopIteration, ValueError, TypeError):
-        return json.loads(text)
-    return value if end == len(text) else json.loads(text)
+        try:
+            value, end = _scan(text, 0)
+        except (StopIteration, ValueError, TypeError):
+            return json.loads(text)
+        return value if end == len(text) else json.loads(text)
+    except RecursionError:
+        return _decode_deep(text)
+
+
+def _decode_deep(text: str) -> Any:
+    """``text`` decoded on a thread of its own. The decoder recurses once per nesting level,
+    and enqueue accepted as deep a payload as ``json.dumps`` could nest at the depth of
+    the caller's stack: read deeper in another stack (a worker's claim loop, a request
+    handler) it ran out. A new thread's stack is nearly empty."""
+    decoded: list[Any] = []
+    failed: list[ValueError] = []
+
+    def decode() -> None:
+        try:
+            decoded.append(json.loads(text))
+        except ValueError as exc:
+            failed.append(exc)
+        except RecursionError:
+            pass
+
+    thread = threading.Thread(target=decode, name="alkstore-deep-payload", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    if not decoded:
+        raise ValueError(
+            "the payload is nested too deeply to decode within Python's recursion limit "
+            f"({sys.getrecursionlimit()})"
+        )
+    return decoded[0]

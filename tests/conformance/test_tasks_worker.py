@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -385,6 +386,59 @@ def test_a_job_whose_stored_payload_is_not_json_goes_dead_and_the_worker_runs_on
     assert db.scalar(f"SELECT count(*) FROM {db.table('alkstore_jobs')} WHERE id = :i", i=bad) == 0
     errors = db.scalar(f"SELECT errors FROM {db.table('alkstore_dead_jobs')} WHERE id = :i", i=bad)
     assert isinstance(errors, str) and "payload could not be decoded" in errors, errors
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deep ``_nested`` nested a value (counted without recursion: comparing such lists
+    would recurse as deep as decoding them)."""
+    depth = 0
+    while isinstance(value, list):
+        assert len(value) == 1, value
+        value, depth = value[0], depth + 1
+    assert value == 0
+    return depth
+
+
+@pytest.mark.parametrize("form", ["tasks", "handler"])
+def test_a_payload_nested_as_deep_as_enqueue_accepts_runs_and_the_worker_runs_on(
+    store: alk.Store, qname: str, form: str
+) -> None:
+    """Enqueue accepts what ``json.dumps`` can nest at the caller's stack depth; the worker
+    decoded it deeper in its own stack, and the RecursionError ended ``run()`` with the
+    job's whole claim batch left to lapse (in every worker that claimed it again)."""
+    tasks = alk.Tasks()
+    ran: list[Any] = []
+
+    @tasks.task(queue=qname, name="deep")
+    def deep(value: Any) -> None:
+        ran.append(value)
+
+    depth = sys.getrecursionlimit()
+    while True:  # the deepest payload enqueue accepts here
+        payload = _nested(depth)
+        try:
+            deep_id = deep.enqueue(store, payload)
+            break
+        except alk.PayloadError:
+            depth -= 1
+    plain_id = deep.enqueue(store, 1)
+    read = store.queue(qname).get_job(deep_id)
+    assert read is not None and _depth(read.payload["args"][0]) == depth
+    if form == "tasks":
+        worker = alk.Worker(store, tasks, concurrency=2, poll_interval=0.2)
+    else:
+        worker = alk.Worker(store, qname, lambda job: ran.append(job.payload["args"][0]), concurrency=2,
+                            poll_interval=0.2)
+    worker.run(burst=True)
+    assert sorted(_depth(v) if v != 1 else -1 for v in ran) == [-1, depth]
+    assert _job(store, qname, deep_id) is None and _job(store, qname, plain_id) is None
 
 
 # -- async tasks and handlers on the worker's event loop --------------------------------------
