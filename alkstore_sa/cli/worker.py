@@ -69,10 +69,28 @@ def load_handler(spec: str) -> Callable[..., Any] | Tasks:
     return obj  # type: ignore[no-any-return]
 
 
+def _as_path(module_name: str, spec: str, attr_path: str) -> UsageError:
+    """MODULE given as a file path (``app/jobs.py``, ``./jobs``): said so, with the dotted
+    name it probably means."""
+    dotted = module_name.replace("\\", "/").removesuffix(".py")
+    while dotted.startswith("./"):
+        dotted = dotted[2:]
+    dotted = dotted.strip("/.").replace("/", ".")
+    return UsageError(
+        f"handler {spec!r}: MODULE is a module's dotted name, as for python -m, not a file path: "
+        f"try '{dotted}:{attr_path}' (run from the directory that contains it)"
+    )
+
+
 def _import(module_name: str, spec: str) -> Any:
+    attr_path = spec.partition(":")[2]
+    if "/" in module_name or "\\" in module_name or module_name.startswith("."):
+        raise _as_path(module_name, spec, attr_path)
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if module_name.endswith(".py") and exc.name in (module_name, module_name.removesuffix(".py")):
+            raise _as_path(module_name, spec, attr_path) from exc
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise UsageError(
                 f"handler {spec!r}: no module named {exc.name!r}; check the spelling, and run from "

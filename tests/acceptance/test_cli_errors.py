@@ -402,6 +402,9 @@ MODULES = {
         ("good_jobs:VALUE", "neither a Tasks registry nor callable"),
         ("broken_jobs:handle", "boom at import"),
         ("needs_dep:handle", "no_such_dependency_xyz"),
+        ("good_jobs.py:handle", "not a file path: try 'good_jobs:handle'"),
+        ("./good_jobs:handle", "not a file path: try 'good_jobs:handle'"),
+        ("app/good_jobs.py:handle", "not a file path: try 'app.good_jobs:handle'"),
     ],
 )
 def test_handler_path_mistakes_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, spec: str, says: str) -> None:
