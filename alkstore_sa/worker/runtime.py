@@ -357,6 +357,12 @@ def _names(queues: list[Queue]) -> str:
 
 def _handle(store: Store, q: object) -> Queue:
     if isinstance(q, Queue):
+        if q.store is not store:
+            # the worker claims, acks, registers and is woken through its own store alone
+            raise InvalidOptions(
+                f"queue {q.name!r} is a handle of another Store than the worker's: pass its name, "
+                "or a handle of the worker's store (store.queue(name))"
+            )
         return q
     return store.queue(q)  # type: ignore[arg-type]  # validates the name (InvalidName)
 

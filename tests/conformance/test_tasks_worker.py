@@ -126,6 +126,28 @@ def test_mixed_up_forms_are_refused(store: alk.Store, build: Callable[..., Any])
         build(store, tasks)
 
 
+def test_a_queue_handle_of_another_store_is_refused(store: alk.Store, qname: str, tmp_path: Any) -> None:
+    """A worker claims, acks, registers and is woken through its own store: a Queue handle of
+    another store (another database, or another Store object) was served through a mix of
+    both — a round of turns claimed every queue through the first one's store and a batch
+    of acks went through its first job's, so jobs ran and were never acked."""
+    other = alk.Store(f"sqlite:///{tmp_path / 'other.db'}")
+    try:
+        other.install()
+        tasks = alk.Tasks()
+        tasks.task(queue=qname, name="t")(lambda: None)
+        for build in (
+            lambda: alk.Worker(store, other.queue(qname), lambda job: None),
+            lambda: alk.Worker(store, [qname, other.queue(f"{qname}-b")], lambda job: None),
+            lambda: alk.Worker(store, tasks, queues=[other.queue(qname)]),
+        ):
+            with pytest.raises(alk.InvalidOptions, match="another Store"):
+                build()
+        assert alk.Worker(store, store.queue(qname), lambda job: None).queues[0].store is store
+    finally:
+        other.close()
+
+
 # -- dispatch by task name -------------------------------------------------------------------
 
 
