@@ -140,13 +140,21 @@ async def aoutcome_of(work: Work) -> Outcome:
     started = time.perf_counter()
     try:
         with running(work.handle):  # set in this asyncio task's own context
-            await call()
+            result = await call()
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # noqa: BLE001 - anything else the handler raises is an outcome
         return _raised(work, exc)
     finally:
         work.duration = time.perf_counter() - started  # the handler's run time (metrics)
+    if result is not None and (
+        inspect.iscoroutine(result) or inspect.isgenerator(result) or inspect.isasyncgen(result)
+    ):
+        # ``return send(x)`` without ``await``: its work never ran. (A Task or Future it
+        # returns is scheduled on the loop and runs by itself: no reason to retry.)
+        message = _discard_unrun(work.what, result, awaited=True)
+        log.warning("job %s of %r: %s", work.handle.id, work.handle._queue.name, message, extra=work.context)
+        return Outcome("retry", message)
     return ACK
 
 
@@ -168,12 +176,18 @@ def _raised(work: Work, exc: BaseException) -> Outcome:
     return Outcome("retry", text or type(exc).__name__)
 
 
-def _discard_unrun(what: str, result: Any) -> str:
-    """Close what a sync call returned that holds its work unrun — a coroutine or awaitable
-    (so it never runs, and Python does not warn that it was never awaited), a generator or
-    an async generator (whose body never ran: nothing iterates it) — and say what happened."""
+def _discard_unrun(what: str, result: Any, *, awaited: bool = False) -> str:
+    """Close what a call returned that holds its work unrun — a coroutine or awaitable (so it
+    never runs, and Python does not warn that it was never awaited), a generator or an async
+    generator (whose body never ran: nothing iterates it) — and say what happened.
+    ``awaited``: the call was an ``async def`` one, awaited, that returned it."""
     if inspect.iscoroutine(result) or inspect.isgenerator(result):
         result.close()
+    if awaited and inspect.iscoroutine(result):
+        return (
+            f"{what} returned a coroutine ({type(result).__name__}) it did not await: it was "
+            "discarded unrun and the job will be retried (write `return await ...`)"
+        )
     if inspect.isawaitable(result):
         return (
             f"{what} returned an awaitable ({type(result).__name__}) but is not an async def "

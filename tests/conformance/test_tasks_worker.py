@@ -276,6 +276,50 @@ def test_a_sync_task_that_returns_a_coroutine_is_retried_never_acked(
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
+def test_an_async_task_or_handler_returning_a_coroutine_it_did_not_await_is_retried_never_acked(
+    store: alk.Store, qname: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    """``return send(x)`` without ``await`` in an ``async def``: the worker awaited the call,
+    got the inner coroutine back, ignored it and acked the job, whose work never ran (Python
+    only warned 'never awaited' when it was collected). A coroutine it returns is closed and
+    the job retried, as for a sync task returning one; a Task or Future it returns runs on
+    the loop by itself and is no reason to retry."""
+    tasks = alk.Tasks()
+    body_ran: list[int] = []
+
+    async def body() -> None:
+        body_ran.append(1)
+
+    @tasks.task(queue=qname, name="forgot-await")
+    async def forgot_await() -> Any:
+        return body()
+
+    @tasks.task(queue=qname, name="spawns")
+    async def spawns() -> Any:
+        done = asyncio.get_running_loop().create_future()  # a Future, as a spawned Task is
+        done.set_result(None)
+        return done
+
+    task_job = forgot_await.enqueue(store)
+    spawned_job = spawns.enqueue(store)
+    alk.Worker(store, tasks, poll_interval=0.2).run(burst=True)
+
+    async def handler(job: alk.Job) -> Any:
+        return body()
+
+    q = store.queue(qname)
+    handler_job = q.enqueue({"n": 1})
+    alk.Worker(store, q, handler, poll_interval=0.2).run(burst=True)
+    assert body_ran == []
+    assert _job(store, qname, spawned_job) is None
+    for job_id, what in ((task_job, "task 'forgot-await'"), (handler_job, "handler")):
+        job = _job(store, qname, job_id)
+        assert job is not None and job.state == "pending" and job.attempts == 1, job
+        error = job.errors[-1]["error"]
+        assert f"{what} returned a coroutine" in error and "await" in error, error
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
 def _gen() -> Any:
     yield 1
 
