@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -179,6 +180,14 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.Task {self.name!r} queue={self.queue!r}>"
+
+    def __reduce__(self) -> str:
+        """Pickled by reference, as its function would be (to a process pool, say): its
+        module's attribute of its qualified name, which is this Task. Copies are itself."""
+        qualname = getattr(self, "__qualname__", None)
+        if not isinstance(qualname, str):
+            raise pickle.PicklingError(f"cannot pickle task {self.name!r}: its function has no __qualname__")
+        return qualname
 
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)

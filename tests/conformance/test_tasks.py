@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
+import pickle
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -104,6 +106,26 @@ def test_a_plain_call_passes_every_keyword_to_the_function(store: alk.Store, qna
 
     assert takes_self(self=1, n=2) == (1, 2)
     assert takes_self.enqueue(store, self=1, n=2) > 0
+
+
+_MODULE_TASKS = alk.Tasks()
+
+
+@_MODULE_TASKS.task(queue="pickled")
+def _double(n: int) -> int:
+    return 2 * n
+
+
+def test_a_task_pickles_by_reference_as_its_function_would() -> None:
+    """A module-level task goes where its function could: to a process pool
+    (``executor.map(task, items)``), through pickle, by reference. Pickling copied its
+    attributes, function included — which is no longer its module's attribute (the Task
+    is), so pickle refused it ("not the same object as")."""
+    assert pickle.loads(pickle.dumps(_double)) is _double
+    assert copy.copy(_double) is _double and copy.deepcopy(_double) is _double
+    local = alk.Tasks().task(queue="pickled", name="local")(lambda n: n)
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        pickle.dumps(local)  # not importable by name, as for the function itself
 
 
 def test_bare_decorator_and_options() -> None:
