@@ -98,6 +98,11 @@ def _import(module_name: str, spec: str) -> Any:
             ) from exc
         # the handler's module exists but one of its own imports is missing
         raise UsageError(f"handler {spec!r}: importing {module_name!r} failed: {exc}") from exc
+    except SystemExit as exc:  # a script's main code, run at import: it would end the worker unstarted
+        raise UsageError(
+            f"handler {spec!r}: importing {module_name!r} called sys.exit({exc.code!r}); is it a "
+            "script? Run its main code under `if __name__ == '__main__':`"
+        ) from exc
     except Exception as exc:  # the module's own code raised while being imported
         raise UsageError(
             f"handler {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc} "

@@ -388,6 +388,7 @@ MODULES = {
     "broken_jobs.py": "raise RuntimeError('boom at import')\n",
     "needs_dep.py": "import no_such_dependency_xyz\n\ndef handle(job):\n    pass\n",
     "good_jobs.py": "VALUE = 3\n\ndef handle(job):\n    pass\n",
+    "script_jobs.py": "import sys\n\ndef handle(job):\n    pass\n\nsys.exit(0)\n",  # a script's unguarded main
 }
 
 
@@ -405,6 +406,7 @@ MODULES = {
         ("good_jobs.py:handle", "not a file path: try 'good_jobs:handle'"),
         ("./good_jobs:handle", "not a file path: try 'good_jobs:handle'"),
         ("app/good_jobs.py:handle", "not a file path: try 'app.good_jobs:handle'"),
+        ("script_jobs:handle", "called sys.exit(0)"),
     ],
 )
 def test_handler_path_mistakes_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, spec: str, says: str) -> None:
