@@ -197,10 +197,13 @@ class Scheduler:
             return self.store.backend.schedule_delete(ex, {"name": name})
 
     def schedules(self) -> list[Schedule]:
+        """Every schedule, by name in code point order on both engines (the SQL's ORDER BY
+        follows PostgreSQL's collation, which a linguistic locale such as en_US.UTF-8 makes
+        blind to case and punctuation: names are exact values)."""
         self.store._check_open()
         with self.store.executor() as ex:
             rows = self.store.backend.schedule_list(ex, {}, due=False)
-        return [schedule_from_row(r) for r in rows]
+        return sorted((schedule_from_row(r) for r in rows), key=lambda s: s.name)
 
     # -- ticking -------------------------------------------------------------------------
 

@@ -28,7 +28,16 @@ from alkstore_sa.scheduler import (
     next_boundary,
     parse_spec,
 )
-from tests.support import WAIT, FakeClock, Target, wait_for
+from tests.conftest import require_pg
+from tests.support import (
+    WAIT,
+    FakeClock,
+    Target,
+    drop_pg_schema,
+    new_pg_schema,
+    pg_target,
+    wait_for,
+)
 
 T0 = 1_800_000_000.0  # FakeClock's start: a multiple of 60, 90, 300, 3600, 7200 (not of 86400)
 
@@ -365,6 +374,31 @@ def test_schedules_lists_by_name(store: alk.Store, qname: str) -> None:
     assert [s.name for s in listed] == sorted(["zeta", "Alpha", "mid", "alpha"])
     assert all(isinstance(s, alk.Schedule) for s in listed)
     assert {s.name: s.payload["name"] for s in listed} == {n: n for n in ("zeta", "Alpha", "mid", "alpha")}
+
+
+def test_schedules_list_in_code_point_order_under_a_linguistic_collation(qname: str) -> None:
+    """A PostgreSQL database made with a linguistic locale (en_US.UTF-8, the official Docker
+    image's default) orders text its own way ('alpha' before 'Alpha', '_' ignored): names
+    are exact values, listed in code point order as on SQLite, whatever the collation."""
+    require_pg()
+    target = pg_target(new_pg_schema())
+    try:
+        if target.scalar("SELECT count(*) FROM pg_collation WHERE collname = 'en-US-x-icu'") == 0:
+            pytest.skip("this PostgreSQL has no ICU collation en-US-x-icu")
+        # what CREATE DATABASE ... LOCALE 'en_US.UTF-8' gives every text column it creates
+        target.execute(
+            f'ALTER TABLE {target.table("alkstore_schedules")} ALTER COLUMN name TYPE text COLLATE "en-US-x-icu"'
+        )
+        store = target.store()
+        try:
+            names = ["zeta", "alpha", "Alpha", "a_b", "ab", "Zeta"]
+            for name in names:
+                store.schedule(name, "@every 5m", qname, {})
+            assert [s.name for s in store.schedules()] == sorted(names)
+        finally:
+            store.close()
+    finally:
+        drop_pg_schema(target)
 
 
 @pytest.mark.parametrize(
