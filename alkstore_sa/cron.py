@@ -19,6 +19,7 @@ expression (``0 0 29 2 *``) is found in a few hundred steps, never minute by min
 from __future__ import annotations
 
 import calendar
+import math
 import re
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -193,6 +194,11 @@ def fire_instant(wall: datetime, tz: tzinfo) -> float:
 
 def next_fire(cron: Cron, tz: tzinfo, after: float) -> float:
     """The first fire instant strictly after ``after`` (epoch seconds)."""
+    # Fire instants are whole seconds (whole minutes, offsets of whole seconds, gaps ended
+    # on a second), so the first one after ``after`` is the first one after its second,
+    # whose wall-clock time reads exactly: fromtimestamp rounds a fraction to microseconds,
+    # and a reading 0.3 µs short of a minute would show that minute and skip its fire.
+    after = math.floor(after)
     wall = next_wall(cron, datetime.fromtimestamp(after, tz).replace(tzinfo=None, fold=0))
     # Only a wall time past every wall-clock time already shown can fire after ``after``:
     # after a fall-back the clock shows earlier times again, whose fires are behind us.

@@ -208,6 +208,25 @@ def test_unknown_zones_raise_invalid_spec_and_write_nothing(
     assert store.schedules() == []
 
 
+@pytest.mark.parametrize("before", [1e-6, 5e-7, 2.4e-7])
+@pytest.mark.parametrize("tz", ["UTC", BERLIN])
+def test_the_next_fire_after_an_instant_just_short_of_a_boundary_is_that_boundary(tz: str, before: float) -> None:
+    """An instant a fraction of a microsecond short of a boundary (a clock reading such as
+    time.time()'s 59.9999998 s) is before it: the boundary is the next fire, not skipped
+    for the one after (a wall-clock reading rounded to the microsecond showed the boundary's
+    own minute)."""
+    boundary = at("2027-01-15T09:00Z")
+    assert boundary - before < boundary  # a float apart
+    for spec in ("0 * * * *", "* * * * *", "0 9,10 * * *"):
+        assert timing(spec, tz).after(boundary - before) == boundary, spec
+
+
+def test_registering_just_short_of_a_boundary_keeps_that_boundary(store: alk.Store, clock: FakeClock, qname: str) -> None:
+    clock.now = at("2027-01-15T09:00Z") - 2.4e-7  # 1800003599.9999998: 0.24 µs before it
+    store.schedule("hourly", "@hourly", qname, {})
+    assert store.schedules()[0].next_fire_at == datetime(2027, 1, 15, 9, tzinfo=UTC)
+
+
 # -- through the scheduler's tick, on both engines ----------------------------------------------
 
 
