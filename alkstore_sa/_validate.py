@@ -108,6 +108,17 @@ def duration(value: object, what: str, *, minimum: float = 0.0, inclusive: bool 
     return f
 
 
+# The shortest lease (a lock's ttl, the scheduler's lease): timestamps are epoch seconds
+# with millisecond precision (SPEC §1), and near today's epoch a float steps by 2.4e-7 s, so
+# now + 1e-7 is now again: a shorter lease would lapse as it is written.
+MIN_LEASE = 0.001
+
+
+def lease(value: object, what: str) -> float:
+    """A lease duration: seconds or a timedelta, at least MIN_LEASE, at most 100 years."""
+    return duration(value, what, minimum=MIN_LEASE)
+
+
 def optional_duration(value: object, what: str, **kw: Any) -> float | None:
     return None if value is None else duration(value, what, **kw)
 

@@ -36,7 +36,7 @@ class Lock:
         self.store._check_open()
         params: dict[str, object] = {"name": self.name, "owner": v.worker_id(owner, "owner"), "now": self.store.now()}
         if ttl is not _NO_TTL:  # acquire/renew: ttl=None is as invalid as ttl=-1
-            params["ttl"] = v.duration(ttl, "ttl", inclusive=False)
+            params["ttl"] = v.lease(ttl, "ttl")
         return params
 
     def acquire(self, owner: str, ttl: v.Duration) -> bool:

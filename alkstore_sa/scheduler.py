@@ -321,5 +321,5 @@ class Scheduler:
         from ._schedule_runner import LeaderLoop
 
         stop = v.stop_token(stop)
-        ttl = v.duration(lease, "lease", inclusive=False)
+        ttl = v.lease(lease, "lease")
         LeaderLoop(self, ttl, owner or f"scheduler-{uuid.uuid4().hex}").run(stop)

@@ -298,6 +298,23 @@ def test_bad_ttl_raises_invalid_options(
     assert lock_rows(db) == before
 
 
+@pytest.mark.parametrize("ttl", [1e-7, 0.0009, timedelta(microseconds=999)], ids=repr)
+def test_a_ttl_under_a_millisecond_is_refused_so_two_owners_are_never_both_told_they_hold(
+    db: Target, store: alk.Store, lname: str, ttl: object
+) -> None:
+    """now + 1e-7 is now again in epoch seconds (a float's step there is 2.4e-7): such a
+    lease lapsed as it was written, yet acquire said True, to each owner in turn. Leases
+    are at least a millisecond (SPEC §1: timestamps at millisecond precision)."""
+    lk = store.lock(lname)
+    for op in ("acquire", "renew"):
+        with pytest.raises(alk.InvalidOptions, match="0.001"):
+            getattr(lk, op)(ME, ttl)
+    assert [r for r in lock_rows(db) if r[0] == lname] == []
+    assert lk.acquire(ME, 0.001) and not lk.acquire(OTHER, 0.001)
+    with pytest.raises(alk.InvalidOptions, match="0.001"):
+        store.run_schedules(alk.StopToken(), lease=0.0005)
+
+
 def test_a_lock_handle_writes_nothing_and_closed_store_raises(
     db: Target, store: alk.Store, lname: str
 ) -> None:
