@@ -218,14 +218,14 @@ _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # t
 def decode_payload(text: str) -> Any:
     """A stored payload's value. The payloads this library writes are compact JSON, read
     with the decoder's scanner alone (a claimed job's payload is decoded on the worker's
-    hot path); anything else takes ``json.loads``, which also reports malformed text (a
-    ``ValueError``, as is a payload too deeply nested to decode at all)."""
+    hot path); anything else takes ``json.loads``. Malformed text, and a payload too deeply
+    nested to decode at all, raise ``PayloadError`` (a ``ValueError``)."""
     try:
         try:
             value, end = _scan(text, 0)
         except (StopIteration, ValueError, TypeError):
-            return json.loads(text)
-        return value if end == len(text) else json.loads(text)
+            return _loads(text)
+        return value if end == len(text) else _loads(text)
     except RecursionError:
         return _decode_deep(text)
 
@@ -240,7 +240,7 @@ def _decode_deep(text: str) -> Any:
 
     def decode() -> None:
         try:
-            decoded.append(json.loads(text))
+            decoded.append(_loads(text))
         except ValueError as exc:
             failed.append(exc)
         except RecursionError:
@@ -252,8 +252,17 @@ def _decode_deep(text: str) -> Any:
     if failed:
         raise failed[0]
     if not decoded:
-        raise ValueError(
+        raise PayloadError(
             "the payload is nested too deeply to decode within Python's recursion limit "
             f"({sys.getrecursionlimit()})"
         )
     return decoded[0]
+
+
+def _loads(text: str) -> Any:
+    """``json.loads``; stored text that is not JSON (a row written by hand, say) raises
+    PayloadError, an AlkstoreError like every error the library raises."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # json.JSONDecodeError
+        raise PayloadError(f"a stored payload is not JSON: {exc}") from None

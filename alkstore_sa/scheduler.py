@@ -25,7 +25,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
@@ -146,7 +146,7 @@ class _Failing:
     (``updated_at``), and when (monotonic) the runner may try it again."""
 
     outage: Outage
-    version: datetime
+    version: float  # the schedule's updated_at (epoch seconds)
     retry_at: float = 0.0
 
 
@@ -223,29 +223,30 @@ class Scheduler:
         fired = 0
         due = set()
         for row in rows:
-            sched = schedule_from_row(row)
-            due.add(sched.name)
-            failing = self._failing.get(sched.name)
-            if failing is not None and failing.version != sched.updated_at:
+            name, version = row[0], float(row[10])  # updated_at: the definition's version
+            due.add(name)
+            failing = self._failing.get(name)
+            if failing is not None and failing.version != version:
                 # re-registered since it failed (a fix, perhaps): try the new definition now
-                failing.version, failing.retry_at = sched.updated_at, 0.0
+                failing.version, failing.retry_at = version, 0.0
             if paced and failing is not None and failing.retry_at > time.monotonic():
                 continue
             try:
+                sched = schedule_from_row(row)  # a payload stored malformed fails this one alone
                 # a lease per fire: a connection broken by one fire is dropped, not reused
                 with self.store.executor() as ex:
                     fired += self._fire(ex, sched, row[8], now)
             except AlkstoreError as exc:
                 if failing is None:
-                    failing = self._failing[sched.name] = _Failing(
-                        Outage(log, f"schedule {sched.name!r}", Backoff(*SCHEDULE_RETRY), level=logging.ERROR),
-                        sched.updated_at,
+                    failing = self._failing[name] = _Failing(
+                        Outage(log, f"schedule {name!r}", Backoff(*SCHEDULE_RETRY), level=logging.ERROR),
+                        version,
                     )
                 failing.retry_at = time.monotonic() + failing.outage.failed("could not fire", exc)
             else:
                 if failing is not None:
                     failing.outage.recovered()
-                    del self._failing[sched.name]
+                    del self._failing[name]
         for name in set(self._failing) - due:
             del self._failing[name]  # no longer due: fired by another ticker, moved or removed
         return fired

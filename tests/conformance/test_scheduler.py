@@ -494,6 +494,25 @@ def test_a_failing_enqueue_rolls_the_advance_back(
     assert sch.tick() == 0
 
 
+def test_a_schedule_row_with_a_malformed_payload_fails_alone(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row whose stored payload is not JSON (written by hand, or by a bug) is a schedule
+    that cannot fire: logged, left due, while the others fire; reading it raises
+    PayloadError, an AlkstoreError (SPEC §3), not json's own error."""
+    sch = Scheduler(store)
+    store.schedule("a-broken", "@every 1m", qname + "-broken", {})  # ticked first, by name
+    store.schedule("b-fine", "@every 1m", qname, {"x": 1})
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET payload = '{{oops' WHERE name = 'a-broken'")
+    clock.advance(60)
+    with caplog.at_level("ERROR", "alkstore_sa"):
+        assert sch.tick() == 1
+    assert any("'a-broken' could not fire" in r.getMessage() for r in caplog.records)
+    assert len(jobs_of(db, qname)) == 1 and jobs_of(db, qname + "-broken") == []
+    with pytest.raises(alk.PayloadError):
+        store.schedules()
+
+
 def test_a_failing_advance_fires_nothing(
     db: Target, store: alk.Store, clock: FakeClock, qname: str
 ) -> None:
