@@ -108,7 +108,8 @@ def duration(value: object, what: str, *, minimum: float = 0.0, inclusive: bool 
     return f
 
 
-# The shortest lease (a lock's ttl, the scheduler's lease): timestamps are epoch seconds
+# The shortest lease (a lock's ttl, the scheduler's lease, a claim's visibility timeout or
+# heartbeat extension): timestamps are epoch seconds
 # with millisecond precision (SPEC §1), and near today's epoch a float steps by 2.4e-7 s, so
 # now + 1e-7 is now again: a shorter lease would lapse as it is written.
 MIN_LEASE = 0.001

@@ -45,7 +45,7 @@ class QueueOpts:
         dead_letter_retention: v.Duration | None = None,
     ) -> QueueOpts:
         return cls(
-            visibility_timeout=v.duration(visibility_timeout, "visibility_timeout", inclusive=False),
+            visibility_timeout=v.lease(visibility_timeout, "visibility_timeout"),
             max_attempts=v.max_attempts(max_attempts),
             backoff_base=v.duration(backoff_base, "backoff_base"),
             dead_letter_retention=v.optional_duration(dead_letter_retention, "dead_letter_retention"),
@@ -565,7 +565,7 @@ class JobHandle:
         heartbeat (deadline already passed) is refused: it never steals the job back."""
         store = self._queue.store
         store._check_open()
-        seconds = v.duration(extend, "extend", inclusive=False)
+        seconds = v.lease(extend, "extend")
         if self._consumed:
             raise HandleConsumed()
         params = self._claim_params()

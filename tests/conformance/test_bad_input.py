@@ -125,7 +125,10 @@ def test_bad_queue_name(db: Target, store: alk.Store, q: alk.Queue, name: Any) -
 BAD_QUEUE_OPTS = [
     *({"visibility_timeout": x} for x in (0, -1, 0.0, timedelta(0), timedelta(seconds=-1),
                                           NAN, INF, -INF, True, OVER_100Y,
-                                          timedelta(days=101 * 366), 10**400)),
+                                          timedelta(days=101 * 366), 10**400,
+                                          # under a millisecond: now + 1e-7 is now again in
+                                          # epoch seconds, so the claim lapsed as it was made
+                                          1e-7, 0.0009, timedelta(microseconds=999))),
     *({"max_attempts": x} for x in (0, -1, I32 + 1, 2**63, True, 3.0, NAN)),
     *({"backoff_base": x} for x in (-1, -0.001, timedelta(seconds=-1), NAN, INF, True, OVER_100Y)),
     *({"dead_letter_retention": x} for x in (-1, timedelta(seconds=-1), NAN, INF, False, OVER_100Y)),
@@ -256,7 +259,7 @@ def test_claim_batch_non_positive_n_claims_nothing(db: Target, q: alk.Queue, n: 
 
 BAD_HANDLE_CALLS: dict[str, Call] = {
     **{f"heartbeat({x!r})": (lambda h, x=x: h.heartbeat(x))
-       for x in (0, -1, NAN, INF, True, timedelta(0), OVER_100Y)},
+       for x in (0, -1, NAN, INF, True, timedelta(0), OVER_100Y, 1e-7, 0.0009)},
     **{f"retry(delay={x!r})": (lambda h, x=x: h.retry("e", delay=x))
        for x in (-1, NAN, INF, True, timedelta(seconds=-1), OVER_100Y)},
 }
