@@ -17,6 +17,7 @@ from tests.support import Target
 PROCS = 4
 TTL = 0.4
 SECONDS = 4.0
+MIN_HOLDS = 2  # each owner goes on past SECONDS until it held the lock this often (a loaded machine)
 EPS = 1e-5  # float rounding of epoch seconds (expires_at - ttl)
 
 
@@ -27,11 +28,12 @@ def test_four_processes_never_hold_one_lock_at_once(db: Target, tmp_path, reques
         {
             "kind": db.kind, "url": db.url, "schema": db.schema, "name": name,
             "owner": f"owner-{i}", "ttl": TTL, "seconds": SECONDS, "seed": 1000 + i,
+            "min_holds": MIN_HOLDS,
             "lapse_every": 3, "lapse_offset": i % 3,  # owners 0 and 3 let their first lease lapse
         }
         for i in range(PROCS)
     ]
-    results = harness.run(lock_workers.contend, specs, tmp_path, timeout=90)
+    results = harness.run(lock_workers.contend, specs, tmp_path, timeout=120)
 
     holds = [(r["owner"], h) for r in results for h in r["holds"]]
     for owner, h in holds:
@@ -50,7 +52,7 @@ def test_four_processes_never_hold_one_lock_at_once(db: Target, tmp_path, reques
     # the run must have exercised what it claims to: many handoffs, among several owners,
     # including takeovers of lapsed leases
     owners_that_held = {owner for owner, _ in holds}
-    assert len(holds) >= 6, counts
+    assert len(holds) >= PROCS * MIN_HOLDS, counts
     assert len(owners_that_held) >= 2, counts
     assert sum(c["lapsed"] for c in counts.values()) >= 1, counts
     assert sum(c["released"] for c in counts.values()) >= 2, counts
