@@ -51,7 +51,7 @@ class LeaderLoop:
         self.period = ttl / 3  # renewal period of a leader, retry period of a standby
         # a fire stuck behind another transaction's row lock must leave time to renew
         scheduler.fire_lock_wait = min(scheduler.fire_lock_wait, ttl / 6)
-        self.lock = Lock(self.store, LEADER_LOCK)
+        self.lock = Lock._reserved(self.store, LEADER_LOCK)
         self.outage = Outage(log, f"scheduler {owner}", Backoff(RETRY_BASE, self.period))
         self.lease_until: float | None = None  # while leading: the local estimate of the lease's end
         self.led = False

@@ -23,11 +23,20 @@ _NO_TTL = object()
 
 
 class Lock:
-    """A handle on the lock ``name``; constructing it writes nothing."""
+    """A handle on the lock ``name``; constructing it writes nothing. The name follows the
+    name rules (InvalidName): the reserved ones are alkstore's own (the scheduler's
+    leadership lease), which a handle made here must not take or release."""
 
     def __init__(self, store: Store, name: str) -> None:
         self.store = store
-        self.name = name
+        self.name = v.name(name, "lock name")
+
+    @classmethod
+    def _reserved(cls, store: Store, name: str) -> Lock:
+        """A handle on one of alkstore's own locks, whose reserved name ``Lock()`` refuses."""
+        lock = cls.__new__(cls)
+        lock.store, lock.name = store, name
+        return lock
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.Lock {self.name!r}>"

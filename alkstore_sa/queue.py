@@ -99,12 +99,24 @@ def encode_all(store: Store | _DefaultStore, payloads: Iterable[Any]) -> list[st
 
 
 class Queue:
-    """A handle on one queue: a name plus the options it stamps. Constructing it writes nothing."""
+    """A handle on one queue: a name plus the options it stamps. Constructing it writes
+    nothing. The name follows the name rules (InvalidName): the reserved ones are the
+    backing queues of outboxes, reached through ``store.outbox(name)``."""
 
     def __init__(self, store: Store, name: str, opts: QueueOpts) -> None:
+        if not isinstance(opts, QueueOpts):
+            raise InvalidOptions(f"opts must be a QueueOpts, got {type(opts).__name__}")
         self.store = store
-        self.name = name
+        self.name = v.name(name, "queue name")
         self.opts = opts
+
+    @classmethod
+    def _reserved(cls, store: Store, name: str, opts: QueueOpts) -> Queue:
+        """A handle on a queue of alkstore's own (an outbox's backing queue), whose reserved
+        name ``Queue()`` refuses."""
+        queue = cls.__new__(cls)
+        queue.store, queue.name, queue.opts = store, name, opts
+        return queue
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.Queue {self.name!r} {self.opts}>"

@@ -217,28 +217,28 @@ class Store:
             backoff_base=backoff_base,
             dead_letter_retention=dead_letter_retention,
         )
-        return Queue(self, v.name(name, "queue name"), opts)
+        return Queue(self, name, opts)
 
     def lock(self, name: str) -> Lock:
         """A handle on the lock ``name``; writes nothing."""
         from .locks import Lock
 
         self._check_open()
-        return Lock(self, v.name(name, "lock name"))
+        return Lock(self, name)
 
     def stream(self, name: str) -> Stream:
         """A handle on the stream ``name``; writes nothing."""
         from .streams import Stream
 
         self._check_open()
-        return Stream(self, v.name(name, "stream name"))
+        return Stream(self, name)
 
     def outbox(self, name: str) -> Outbox:
         """A handle on the outbox ``name``; writes nothing."""
         from .outbox import Outbox
 
         self._check_open()
-        return Outbox(self, v.name(name, "outbox name"))
+        return Outbox(self, name)
 
     def schedule(
         self,

@@ -46,7 +46,7 @@ class Stream:
 
     def __init__(self, store: Store, name: str) -> None:
         self.store = store
-        self.name = name
+        self.name = v.name(name, "stream name")
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.Stream {self.name!r}>"

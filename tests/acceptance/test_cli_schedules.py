@@ -151,7 +151,7 @@ def test_run_schedules_fires_while_leading_and_stops_on_sigterm(
                 assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, "run-schedules fired nothing"
                 time.sleep(0.05)
-            holder = alk.Lock(store, LEADER_LOCK).holder()
+            holder = alk.Lock._reserved(store, LEADER_LOCK).holder()
             assert holder is not None
             assert re.search(rf"scheduler {re.escape(holder.owner)} leads", log.read_text())
             proc.send_signal(signal.SIGTERM)
@@ -160,7 +160,7 @@ def test_run_schedules_fires_while_leading_and_stops_on_sigterm(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-        assert alk.Lock(store, LEADER_LOCK).holder() is None  # a stop releases the lease
+        assert alk.Lock._reserved(store, LEADER_LOCK).holder() is None  # a stop releases the lease
         h = store.queue(qname).claim_one("w")
         assert h is not None and h.payload == {"from": "cli"}
     finally:

@@ -496,6 +496,30 @@ def test_a_broken_injected_clock_is_refused_before_writing(db: Target, reading: 
     assert db.scalar(f"SELECT count(*) FROM {db.table('alkstore_jobs')} WHERE queue = 'clock-check'") == 0
 
 
+# -- handles made with their classes: the same name rules as the store's factories -------------
+
+HANDLE_CLASSES: dict[str, Callable[[alk.Store, object], object]] = {
+    "Queue": lambda s, name: alk.Queue(s, name, alk.QueueOpts()),  # type: ignore[arg-type]
+    "Lock": lambda s, name: alk.Lock(s, name),  # type: ignore[arg-type]
+    "Stream": lambda s, name: alk.Stream(s, name),  # type: ignore[arg-type]
+    "Outbox": lambda s, name: alk.Outbox(s, name),  # type: ignore[arg-type]
+}
+HANDLE_BAD_NAMES = ["", "x" * 201, "a\x00b", "\ud800", None, 7, "__alkstore_scheduler", "__alkstore_outbox:o"]
+
+
+@pytest.mark.parametrize("bad", HANDLE_BAD_NAMES, ids=repr)
+@pytest.mark.parametrize("cls", sorted(HANDLE_CLASSES))
+def test_a_handle_class_refuses_a_bad_or_reserved_name(store: alk.Store, cls: str, bad: object) -> None:
+    """``alk.Lock(store, name)`` (and Queue, Stream, Outbox: public classes) checks the name
+    as ``store.lock(name)`` does: a reserved name would reach the scheduler's leadership
+    lease or an outbox's backing queue, a malformed one the database."""
+    expect(alk.InvalidName, lambda: HANDLE_CLASSES[cls](store, bad))
+
+
+def test_a_queue_handle_refuses_options_that_are_no_queue_opts(store: alk.Store, qname: str) -> None:
+    expect(alk.InvalidOptions, lambda: alk.Queue(store, qname, {"max_attempts": 3}))  # type: ignore[arg-type]
+
+
 # -- reserved channel names; payloads nested too deeply to serialize ---------------------------
 
 RESERVED_CHANNELS = ["__alkstore", "__alkstore_wake", "__alkstore.internal", "__alkstoreX"]

@@ -391,12 +391,12 @@ def test_leader_failover_fires_each_boundary_at_most_once(
             clock.advance(60)
             runner_a._round()
             runner_b._round()
-        assert alk.Lock(a, LEADER_LOCK).holder().owner == "runner-a"  # type: ignore[union-attr]
+        assert alk.Lock._reserved(a, LEADER_LOCK).holder().owner == "runner-a"  # type: ignore[union-attr]
         assert a.queue(qname).stats().pending == 10
         clock.advance(30)  # A dies here, at 00:50:30Z
         clock.now = at("2026-10-25T02:05Z")  # 03:05 CET: the lease lapsed long ago
         runner_b._round()
-        assert alk.Lock(a, LEADER_LOCK).holder().owner == "runner-b"  # type: ignore[union-attr]
+        assert alk.Lock._reserved(a, LEADER_LOCK).holder().owner == "runner-b"  # type: ignore[union-attr]
         # 02:51 … 02:59 CEST (00:51Z … 00:59Z), then 03:00 … 03:05 CET (02:00Z … 02:05Z)
         assert a.queue(qname).stats().pending == 10 + 9 + 6
         with pytest.raises(alk.LeadershipLost):

@@ -67,7 +67,7 @@ def count_jobs(db: Target, queue: str) -> int:
 
 
 def holder(store: alk.Store) -> alk.LockInfo | None:
-    return alk.Lock(store, LEADER_LOCK).holder()
+    return alk.Lock._reserved(store, LEADER_LOCK).holder()
 
 
 def messages(caplog: pytest.LogCaptureFixture, *, min_level: int = logging.DEBUG, containing: str = "") -> list[str]:

@@ -644,7 +644,7 @@ def runners() -> Iterator[list[Runner]]:
 
 
 def leader(store: alk.Store) -> alk.LockInfo | None:
-    return alk.Lock(store, LEADER_LOCK).holder()
+    return alk.Lock._reserved(store, LEADER_LOCK).holder()
 
 
 def test_a_ticker_stuck_holding_one_schedules_row_does_not_stall_the_leader(
@@ -691,6 +691,8 @@ def test_the_leader_lock_name_is_reserved(store: alk.Store) -> None:
     assert LEADER_LOCK == "__alkstore_scheduler"
     with pytest.raises(alk.InvalidName):
         store.lock(LEADER_LOCK)
+    with pytest.raises(alk.InvalidName):
+        alk.Lock(store, LEADER_LOCK)  # the public class, not only the store's factory
 
 
 @pytest.mark.parametrize("bad", [None, "x", True, threading.Event()], ids=lambda v: type(v).__name__)
@@ -734,7 +736,7 @@ def test_leadership_lost_when_the_lease_is_stolen(
     runners.append(r)
     first = wait_for(lambda: leader(store), "the runner to lead")
     clock.advance(1.0)  # the lease lapses (nobody renews a lapsed lease) ...
-    thief = alk.Lock(store, LEADER_LOCK)
+    thief = alk.Lock._reserved(store, LEADER_LOCK)
     assert thief.acquire("thief", 60)  # ... and another owner takes it
     outcome = r.join()
     assert isinstance(outcome, alk.LeadershipLost), outcome

@@ -70,13 +70,13 @@ def test_run_schedules_processes_survive_killed_connections_and_exit_0_on_sigter
         assert kill_backends(app, 0.5) >= 2  # leader and standby both lost their connections
         before = count_jobs(pg, qname)
         wait_for(lambda: running() and count_jobs(pg, qname) >= before + 2, "fires after the kills", 30)
-        leader = alk.Lock(store, LEADER_LOCK).holder()
+        leader = alk.Lock._reserved(store, LEADER_LOCK).holder()
         assert leader is not None
         for p in procs:
             p.send_signal(signal.SIGTERM)
         codes = [p.wait(15) for p in procs]
         # right after exit: the leader released its lease (it would otherwise stay for 3 s)
-        assert alk.Lock(store, LEADER_LOCK).holder() is None
+        assert alk.Lock._reserved(store, LEADER_LOCK).holder() is None
         text = [log.read_text() for log in logs]
         assert codes == [0, 0], text
         assert any(re.search(rf"scheduler {re.escape(leader.owner)} leads", t) for t in text), text
