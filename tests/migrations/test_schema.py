@@ -79,6 +79,21 @@ def test_migrations_refuse_an_unusable_schema_as_the_store_does(db: Target, sche
             run(db.engine, schema=schema)
 
 
+@pytest.mark.parametrize("schema", ["a.b", "tenant.", ".x"])
+def test_a_dotted_schema_is_refused_before_any_sql(db: Target, schema: str) -> None:
+    """Alembic reads a dotted schema as ``database.schema``: a Store on ``a.b`` was made,
+    and its install failed at the first ALTER TABLE with PostgreSQL's 'cross-database
+    references are not implemented' (a DatabaseError): such a store could never work."""
+    message = "schema must not contain '.'"
+    with pytest.raises(alk.InvalidOptions, match=message):
+        alk.Store(db.engine, schema=schema)
+    for run in (migrations.upgrade, migrations.downgrade):
+        with pytest.raises(alk.InvalidOptions, match=message):
+            run(db.engine, schema=schema)
+    if db.kind == "postgresql":
+        assert db.scalar("SELECT count(*) FROM pg_namespace WHERE nspname = :s", s=schema) == 0
+
+
 def test_not_installed_is_a_clear_error(tmp_path: Path) -> None:
     store = alk.Store(f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(alk.NotInstalled, match="alkstore migrate"):
