@@ -171,8 +171,16 @@ class ConnectionCache:
             try:
                 held = Held(proxied, self.backend, pool, self._generation)
             except Exception as exc:
-                self._invalidate(proxied, exc)
-                raise self.backend.translate_error(exc) from exc
+                # Making it ours runs its first statements: a connection the store never
+                # used (the application's, the schema check's), ended by the server while
+                # idle in the pool, fails here — dead as surely as one the liveness check
+                # finds, and replaced the same way
+                if attempt == _CHECKOUT_ATTEMPTS or not self.backend.is_disconnect(exc, proxied.dbapi_connection):
+                    self._invalidate(proxied, exc)
+                    raise self.backend.translate_error(exc) from exc
+                self._disconnected(proxied, pool, exc)
+                attempt += 1
+                continue
             if held.alive is None or attempt == _CHECKOUT_ATTEMPTS or held.alive():
                 return held  # (still dead after fresh attempts: the statement reports why)
             self.disconnected(held)  # a dead pooled connection: everything older goes too
@@ -211,10 +219,13 @@ class ConnectionCache:
         """``held`` turned out dead. The pool's rule: invalidate it and every connection
         opened before it (likely dead too: the server restarted or cut them). The whole
         cache goes; connections in use by other operations are returned, not re-cached."""
+        self._disconnected(held.proxied, held.pool, exc)
+
+    def _disconnected(self, proxied: Any, pool: Pool, exc: BaseException | None) -> None:
         with self._lock:
             self._generation += 1
             idle, self._idle = self._idle, []
-        self._invalidate(held.proxied, exc, pool=held.pool)
+        self._invalidate(proxied, exc, pool=pool)
         for other in idle:
             with contextlib.suppress(Exception):
                 other.proxied.invalidate()

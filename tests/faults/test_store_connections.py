@@ -141,6 +141,32 @@ def test_operations_after_killed_store_connections_succeed_first_try(
         engine.dispose()
 
 
+def test_a_pooled_connection_the_store_never_used_killed_while_idle_is_replaced(
+    pg: Target, qname: str
+) -> None:
+    """The server ends a connection idle in the engine's pool that the store has not used
+    yet (the application's, or the first operation's schema check's): pg_terminate_backend,
+    or a role's ``idle_session_timeout``. The store's next operation, checking it out, met
+    the dead connection while making it its own (its first query), and failed with
+    'the connection is closed' (DatabaseError) instead of taking a fresh one."""
+    app = _tag()
+    engine = _tagged_engine(app)
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        store.check_schema()  # the first operation's check, on a connection that goes back to the pool
+        with engine.connect() as conn:  # and one of the application's
+            conn.exec_driver_sql("SELECT 1")
+        idle = _backends(app)
+        assert idle
+        _terminate(idle)
+        q = store.queue(qname)
+        job_id = q.enqueue("after the kill")  # not retried: it must not meet the dead connection
+        assert q.get_job(job_id) is not None
+    finally:
+        store.close()
+        engine.dispose()
+
+
 def _wait_for_lock_waiter(app: str, but_not: frozenset[int] = frozenset()) -> int:
     def waiter() -> int | None:
         pids = set(_backends(app, "wait_event_type = 'Lock'")) - but_not
