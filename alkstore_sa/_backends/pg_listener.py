@@ -51,6 +51,15 @@ _PROBE_WARNING = (
 )
 
 
+def _health_check_interval(conn: ListenConnection) -> float:
+    """Idle seconds before the health check: ``HEALTH_CHECK_INTERVAL``, or a third of the
+    server's ``idle_session_timeout`` when that is shorter — the LISTEN connection idles
+    by design, and a session the server ends loses the notifications sent until the
+    listener is back. (Never more often than every 0.1 s: a timeout of a few milliseconds
+    cannot be kept up with, and the checks would keep the server busy.)"""
+    return min(HEALTH_CHECK_INTERVAL, max(conn.idle_limit / 3, 0.1))
+
+
 class PgHub:
     """Owns the LISTEN connection; subscribe() returns once the channel is LISTENed.
 
@@ -245,6 +254,7 @@ class PgHub:
             user_timeout_ms=TCP_USER_TIMEOUT_MS,
         )
         self._generation += 1
+        conn.read_idle_limit(HEALTH_CHECK_TIMEOUT)
         probe = self._probe == "pending"  # decided once: the probe thread may reset it
         if probe:  # first, so the last query shown is a real LISTEN
             self._execute("LISTEN", self._probe_key)
@@ -385,8 +395,9 @@ class PgHub:
             sel.register(conn.fileno, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
             while not self._closed.is_set():
+                interval = _health_check_interval(conn)
                 now = time.monotonic()
-                wait = conn.last_traffic + HEALTH_CHECK_INTERVAL - now
+                wait = conn.last_traffic + interval - now
                 settle_at = self._next_settle()
                 if settle_at is not None:
                     wait = min(wait, settle_at - now)
@@ -397,8 +408,10 @@ class PgHub:
                     conn.receive()
                 self._drain_commands()
                 self._settle_due()
-                if time.monotonic() - conn.last_traffic >= HEALTH_CHECK_INTERVAL:
-                    self._execute("SELECT 1")  # finds half-open connections, within a bound
+                if time.monotonic() - conn.last_traffic >= interval:
+                    # finds half-open connections, within a bound; and keeps the session
+                    # from ending at the server's idle_session_timeout
+                    self._execute("SELECT 1")
 
     def _execute(self, command: str, key: str | None = None) -> None:
         if self._conn is None:

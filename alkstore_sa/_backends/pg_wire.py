@@ -6,6 +6,7 @@ retransmitting (about 16 minutes on a half-open connection). Waits use ``selecto
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import selectors
 import socket
@@ -41,6 +42,21 @@ class ListenConnection:
         self.fileno: int = self._pg.socket
         self.backend_pid: int = dbapi_conn.info.backend_pid
         self.last_traffic = time.monotonic()
+        # the longest this connection may stay idle: the server ends a session idle for
+        # its idle_session_timeout (set per role, database or connection); infinite when off
+        self.idle_limit = math.inf
+
+    def read_idle_limit(self, timeout: float) -> None:
+        """Read the session's ``idle_session_timeout`` (PostgreSQL 14 and later; none before)
+        into ``idle_limit``. Bounded like ``execute``."""
+        from psycopg import sql
+
+        # the operator qualified too: a search_path may put someone's text = first
+        text = sql.SQL(
+            "SELECT setting FROM pg_catalog.pg_settings WHERE name OPERATOR(pg_catalog.=) 'idle_session_timeout'"
+        )
+        ms = self._run(text, "SHOW idle_session_timeout", timeout)
+        self.idle_limit = int(ms) / 1000 if ms and int(ms) > 0 else math.inf
 
     def receive(self) -> None:
         """Read what the server sent (never waits) and hand on the notifications in it."""

@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import sqlalchemy as sa
 
 import alkstore_sa as alk
 from alkstore_sa._backends import pg_listener
-from tests.support import IN_CI, Target, wait_for
+from tests.support import IN_CI, PG_URL, Target, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DELIVERY = 10.0
@@ -151,3 +152,35 @@ def test_idle_half_open_listener_reconnects_within_the_bound(pg: Target) -> None
     finally:
         store.close()
         _terminate(pg, old_pid)
+
+
+# -- the server's idle_session_timeout ---------------------------------------------------------
+
+IDLE_SESSION_TIMEOUT_MS = 1500
+
+
+def test_the_listener_outlives_the_servers_idle_session_timeout(pg: Target) -> None:
+    """A role's (here: the connection's) ``idle_session_timeout`` below the 30 s health
+    check ended the idle LISTEN connection every time it ran out: the listener reconnected
+    each time (a WARNING each), and a notify committed meanwhile never reached the
+    subscription that was listening (SPEC §9). Its health check now runs well inside it."""
+    engine = sa.create_engine(
+        PG_URL, connect_args={"options": f"-c idle_session_timeout={IDLE_SESSION_TIMEOUT_MS}"}
+    )
+    store = alk.Store(engine, schema=pg.schema)
+    store.check_schema()  # the first operation's check done: the notify below takes the cache's path
+    try:
+        sub = store.listen("idle-session")
+        hub = store.hub()
+        pid = wait_for(lambda: hub.backend_pid, "the listener to connect")
+        deadline = time.monotonic() + 1.6 * IDLE_SESSION_TIMEOUT_MS / 1000
+        while time.monotonic() < deadline:  # past the timeout: the server has ended an idle session
+            assert hub.backend_pid == pid, "the server ended the listener's idle session"
+            time.sleep(0.05)
+        store.notify("idle-session", "still listening")
+        assert sub.get(timeout=DELIVERY) == alk.Notification("idle-session", "still listening")
+        assert hub.backend_pid == pid
+        sub.close()
+    finally:
+        store.close()
+        engine.dispose()
