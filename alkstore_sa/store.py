@@ -378,15 +378,22 @@ class Store:
         self._check_open()
         from .migrations import check_schema, plain_connection
 
-        try:
-            with plain_connection(self.engine) as conn:
-                check_schema(conn, self.schema)
-        except AlkstoreError:
-            raise  # NotInstalled, SchemaOutdated, SchemaTooNew: already the answer
-        except Exception as exc:
-            # a driver error, or none at all: the pool's TimeoutError when the application
-            # holds every connection of a bounded pool (SPEC §3: an AlkstoreError either way)
-            raise self.backend.translate_error(exc) from exc
+        for last in (False, True):
+            try:
+                with plain_connection(self.engine) as conn:
+                    check_schema(conn, self.schema)
+                break
+            except Exception as exc:
+                if not last and _on_invalidated_connection(exc):
+                    # a pooled connection the server had ended (a restart, idle_session_timeout):
+                    # SQLAlchemy invalidated it and every older one, so the read runs again on
+                    # a fresh one — as the store's own connections are replaced before use
+                    continue
+                if isinstance(exc, AlkstoreError):
+                    raise  # NotInstalled, SchemaOutdated, SchemaTooNew, DatabaseError: the answer
+                # a driver error, or none at all: the pool's TimeoutError when the application
+                # holds every connection of a bounded pool (SPEC §3: an AlkstoreError either way)
+                raise self.backend.translate_error(exc) from exc
         self._schema_checked = True
 
     def executor(self, *, retry: bool = False) -> Lease:
@@ -554,6 +561,17 @@ def _opens_a_file(engine: Engine) -> bool:
             return bool(_main_file(conn.connection.driver_connection))
     except Exception:  # noqa: BLE001 - cannot connect: the URL's word stands
         return False
+
+
+def _on_invalidated_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the error it was raised from) is SQLAlchemy's report of a
+    disconnect, after which it has invalidated the connection and the pool's older ones."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, sa.exc.DBAPIError) and cause.connection_invalidated:
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _utc(epoch: float) -> datetime:

@@ -167,6 +167,28 @@ def test_a_pooled_connection_the_store_never_used_killed_while_idle_is_replaced(
         engine.dispose()
 
 
+def test_a_new_stores_first_operation_on_a_pool_of_dead_connections_succeeds(pg: Target, qname: str) -> None:
+    """The application's engine holds idle connections the server has ended (a restart,
+    pg_terminate_backend, ``idle_session_timeout``) when a Store is made on it: the
+    schema check of the store's first operation ran on one of them and the enqueue failed
+    with DatabaseError ('terminating connection due to administrator command')."""
+    app = _tag()
+    engine = _tagged_engine(app)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        _terminate(_backends(app))
+        store = alk.Store(engine, schema=pg.schema)
+        try:
+            q = store.queue(qname)
+            job_id = q.enqueue("first")  # not retried: it must not meet the dead connection
+            assert q.get_job(job_id) is not None
+        finally:
+            store.close()
+    finally:
+        engine.dispose()
+
+
 def _wait_for_lock_waiter(app: str, but_not: frozenset[int] = frozenset()) -> int:
     def waiter() -> int | None:
         pids = set(_backends(app, "wait_event_type = 'Lock'")) - but_not
