@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine
 
 from .._fanout import Deliver, FanOut, new_selector
 from ..errors import DatabaseError, StoreClosed
-from .pg_wire import ListenConnection, tune_socket
+from .pg_wire import ListenConnection, said_goodbye, tune_socket
 
 log = logging.getLogger("alkstore_sa")
 
@@ -42,6 +42,7 @@ SETTLE_RETRY, SETTLE_RETRY_MAX = 0.001, 0.016
 PROBE_TIMEOUT = 10.0  # how long the round-trip probe waits for its own notification
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3  # seconds, seconds, probes
 TCP_USER_TIMEOUT_MS = 30_000  # unacknowledged data older than this kills the connection
+CHECKOUT_ATTEMPTS = 3  # pooled connections tried at connect (each dead one invalidates all older)
 
 _PROBE_WARNING = (
     "alkstore: LISTEN does not work through this connection: a probe notification sent "
@@ -245,9 +246,25 @@ class PgHub:
                 backoff = min(backoff * 2, 5.0)
         self._drop()
 
+    def _checkout(self) -> Any:
+        """A connection of the listen engine's pool, ours for good (detached: not returned
+        to the application's pool). One the server ended while it idled there (a restart,
+        pg_terminate_backend, ``idle_session_timeout``) is invalidated with every older one
+        — SQLAlchemy's rule after a disconnect — and another taken, so the listener does not
+        start on it (a 'connection lost', and a reconnect backoff, per dead connection)."""
+        pool = self._listen_engine.pool
+        for _ in range(CHECKOUT_ATTEMPTS - 1):
+            proxied = self._listen_engine.raw_connection()
+            if not said_goodbye(proxied.dbapi_connection):
+                break
+            pool._invalidate(proxied, None)
+        else:
+            proxied = self._listen_engine.raw_connection()  # (still dead: its first statement says why)
+        proxied.detach()
+        return proxied
+
     def _connect(self) -> ListenConnection:
-        proxied = self._listen_engine.raw_connection()
-        proxied.detach()  # ours for good: not returned to the application's pool
+        proxied = self._checkout()
         self._conn = conn = ListenConnection(proxied.dbapi_connection, self._dispatch)
         tune_socket(
             conn.fileno, idle=KEEPALIVE_IDLE, interval=KEEPALIVE_INTERVAL, count=KEEPALIVE_COUNT,

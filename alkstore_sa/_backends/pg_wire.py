@@ -29,6 +29,17 @@ WAKE_PRESENCE_CLASS = 0x616C6B77
 WAKE_BARRIER_CLASS = 0x616C6B62
 
 
+def said_goodbye(dbapi_conn: Any) -> bool:
+    """Whether an idle psycopg connection, fresh from the pool, is known dead without a
+    round trip: closed, broken, or with something to read — on a connection that sent
+    nothing, only the server's goodbye (a FATAL 'terminating connection', or EOF)."""
+    if dbapi_conn.closed or dbapi_conn.broken:
+        return True
+    with new_selector() as sel:
+        sel.register(dbapi_conn.pgconn.socket, selectors.EVENT_READ)
+        return bool(sel.select(0))
+
+
 class ListenConnection:
     """One autocommit psycopg connection: bounded statements, and the notifications that
     arrive handed to ``on_notify(channel, payload)`` (never to psycopg's handlers)."""

@@ -9,11 +9,13 @@ rules; it is skipped (outside CI only) where iptables is missing or not permitte
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -180,6 +182,38 @@ def test_the_listener_outlives_the_servers_idle_session_timeout(pg: Target) -> N
         store.notify("idle-session", "still listening")
         assert sub.get(timeout=DELIVERY) == alk.Notification("idle-session", "still listening")
         assert hub.backend_pid == pid
+        sub.close()
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_the_listener_takes_no_pooled_connection_the_server_has_ended(
+    pg: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine's pool holds idle connections the server has ended (a restart,
+    pg_terminate_backend, ``idle_session_timeout``) when the listener starts: it took one,
+    its first statement failed, and it logged 'listener connection lost' and went through
+    its reconnect backoff once per dead connection before listen() returned."""
+    tag = f"alk-listen-{uuid.uuid4().hex[:10]}"
+    engine = sa.create_engine(PG_URL, connect_args={"application_name": tag})
+    conns = [engine.connect() for _ in range(3)]
+    for conn in conns:
+        conn.exec_driver_sql("SELECT 1")
+    pids = [conn.connection.dbapi_connection.info.backend_pid for conn in conns]  # type: ignore[union-attr]
+    for conn in conns:
+        conn.close()
+    pg.execute("SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity WHERE application_name = :tag", tag=tag)
+    wait_for(lambda: not pg.scalar("SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE application_name = :tag", tag=tag),
+             "the terminated backends to exit")
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+            sub = store.listen("after-the-kill")
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert store.hub().backend_pid not in (None, *pids)
+        store.notify("after-the-kill", "heard")
+        assert sub.get(timeout=DELIVERY) == alk.Notification("after-the-kill", "heard")
         sub.close()
     finally:
         store.close()
