@@ -70,7 +70,7 @@ class Lock:
     def holder(self) -> LockInfo | None:
         """The live holder, or None when the lock is free or its lease lapsed."""
         self.store._check_open()
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a read
             row = self.store.backend.lock_holder(ex, {"name": self.name, "now": self.store.now()})
         if row is None:
             return None

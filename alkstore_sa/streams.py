@@ -71,7 +71,7 @@ class Stream:
         if limit == 0:
             return []
         params = {"stream": self.name, "after": after, "limit": min(limit, v.INT32_MAX)}
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a read
             rows = self.store.backend.stream_read(ex, params)
         return [
             Event(self.name, int(offset), v.decode_payload(payload), ts(created))  # type: ignore[arg-type]
@@ -94,7 +94,7 @@ class Stream:
         """``consumer``'s committed offset; 0 when it never committed."""
         self.store._check_open()
         params = {"stream": self.name, "consumer": v.name(consumer, "consumer name")}
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a read
             return self.store.backend.stream_offset(ex, params)
 
     def trim_to(self, offset: int) -> int:

@@ -227,6 +227,41 @@ def test_ack_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
         store.close()
 
 
+@pytest.mark.parametrize("read", ["stream.read", "stream.offset", "lock.holder"])
+def test_a_read_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
+    pg: Target, tagged: tuple[str, sa.Engine], qname: str, read: str
+) -> None:
+    """A stream's or a lock's read whose connection dies while the statement waits answers
+    from a fresh connection, as the queue's reads do (it raised DatabaseError)."""
+    app, engine = tagged
+    store = alk.Store(engine, schema=pg.schema)
+    locker = pg.engine.connect()
+    stream, lock = store.stream(qname), store.lock(qname)
+    calls = {"stream.read": (stream.read, "alkstore_stream_events"),
+             "stream.offset": (lambda: stream.offset("c"), "alkstore_stream_offsets"),
+             "lock.holder": (lock.holder, "alkstore_locks")}
+    call, table = calls[read]
+    try:
+        offset = stream.publish("x")
+        stream.commit("c", offset)
+        assert lock.acquire("me", 60)
+        expected = call()
+        tx = locker.begin()
+        locker.execute(sa.text(f"LOCK TABLE {pg.table(table)} IN ACCESS EXCLUSIVE MODE"))
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(_capture(call)))
+        t.start()
+        first = _wait_for_lock_waiter(app)
+        _terminate([first])
+        _wait_for_lock_waiter(app, but_not=frozenset({first}))  # the retry, on another backend
+        tx.commit()
+        t.join(30)
+        assert result == [expected]
+    finally:
+        locker.close()
+        store.close()
+
+
 def test_enqueue_cut_off_mid_statement_is_not_retried(
     pg: Target, tagged: tuple[str, sa.Engine], qname: str
 ) -> None:
