@@ -212,19 +212,26 @@ def test_ack_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
         assert handle is not None
         tx = locker.begin()
         locker.execute(sa.text(f"SELECT id FROM {pg.table('alkstore_jobs')} WHERE id = :id FOR UPDATE"), {"id": handle.id})
-        result: list[Any] = []
-        t = threading.Thread(target=lambda: result.append(_capture(handle.ack)))
-        t.start()
-        first = _wait_for_lock_waiter(app)
-        _terminate([first])
-        _wait_for_lock_waiter(app, but_not=frozenset({first}))  # the retry, on another backend
-        tx.commit()
-        t.join(30)
-        assert result == [True]
+        assert _cut_off_while_waiting(app, tx, handle.ack) == [True]
         assert q.get_job(handle.id) is None
     finally:
         locker.close()
         store.close()
+
+
+def _cut_off_while_waiting(app: str, tx: sa.RootTransaction, call: Any) -> list[Any]:
+    """Run ``call`` on a thread while ``tx`` holds the lock its statement waits for; kill
+    the backend it waits on, see the retry wait on another backend, then let it through.
+    What the call returned (or raised, captured)."""
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(_capture(call)))
+    t.start()
+    first = _wait_for_lock_waiter(app)
+    _terminate([first])
+    _wait_for_lock_waiter(app, but_not=frozenset({first}))  # the retry, on another backend
+    tx.commit()
+    t.join(30)
+    return result
 
 
 @pytest.mark.parametrize("read", ["stream.read", "stream.offset", "lock.holder"])
@@ -248,15 +255,7 @@ def test_a_read_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
         expected = call()
         tx = locker.begin()
         locker.execute(sa.text(f"LOCK TABLE {pg.table(table)} IN ACCESS EXCLUSIVE MODE"))
-        result: list[Any] = []
-        t = threading.Thread(target=lambda: result.append(_capture(call)))
-        t.start()
-        first = _wait_for_lock_waiter(app)
-        _terminate([first])
-        _wait_for_lock_waiter(app, but_not=frozenset({first}))  # the retry, on another backend
-        tx.commit()
-        t.join(30)
-        assert result == [expected]
+        assert _cut_off_while_waiting(app, tx, call) == [expected]
     finally:
         locker.close()
         store.close()

@@ -4,6 +4,7 @@ on both engines; `install()` is idempotent; the checkout's `alembic` command wor
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -67,30 +68,27 @@ def test_install_is_idempotent_and_recorded(db: Target) -> None:
     store.close()
 
 
-@pytest.mark.parametrize("schema", ["", "s" * 64, "a\x00b"], ids=["empty", "64-bytes", "nul"])
-def test_migrations_refuse_an_unusable_schema_as_the_store_does(db: Target, schema: str) -> None:
+UNUSABLE = "schema must be a non-empty str of at most 63 bytes without NUL"
+DOTTED = "schema must not contain '.'"
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [("", UNUSABLE), ("s" * 64, UNUSABLE), ("a\x00b", UNUSABLE), ("a.b", DOTTED), ("tenant.", DOTTED), (".x", DOTTED)],
+    ids=["empty", "64-bytes", "nul", "a.b", "tenant.", ".x"],
+)
+def test_migrations_refuse_an_unusable_schema_as_the_store_does(db: Target, schema: str, message: str) -> None:
     """``migrations.upgrade``/``downgrade`` check the schema name as ``Store`` does, before
-    any SQL (an empty one was an IndexError from SQLAlchemy's quoting on PostgreSQL)."""
-    message = "schema must be a non-empty str of at most 63 bytes without NUL"
-    with pytest.raises(alk.InvalidOptions, match=message):
+    any SQL (an empty one was an IndexError from SQLAlchemy's quoting on PostgreSQL). A
+    dotted one Alembic reads as ``database.schema``: a Store on ``a.b`` was made, and its
+    install failed at the first ALTER TABLE with PostgreSQL's 'cross-database references
+    are not implemented' (a DatabaseError): such a store could never work."""
+    with pytest.raises(alk.InvalidOptions, match=re.escape(message)):
         alk.Store(db.engine, schema=schema)
     for run in (migrations.upgrade, migrations.downgrade):
-        with pytest.raises(alk.InvalidOptions, match=message):
+        with pytest.raises(alk.InvalidOptions, match=re.escape(message)):
             run(db.engine, schema=schema)
-
-
-@pytest.mark.parametrize("schema", ["a.b", "tenant.", ".x"])
-def test_a_dotted_schema_is_refused_before_any_sql(db: Target, schema: str) -> None:
-    """Alembic reads a dotted schema as ``database.schema``: a Store on ``a.b`` was made,
-    and its install failed at the first ALTER TABLE with PostgreSQL's 'cross-database
-    references are not implemented' (a DatabaseError): such a store could never work."""
-    message = "schema must not contain '.'"
-    with pytest.raises(alk.InvalidOptions, match=message):
-        alk.Store(db.engine, schema=schema)
-    for run in (migrations.upgrade, migrations.downgrade):
-        with pytest.raises(alk.InvalidOptions, match=message):
-            run(db.engine, schema=schema)
-    if db.kind == "postgresql":
+    if db.kind == "postgresql" and message == DOTTED:  # (a NUL cannot even be a parameter)
         assert db.scalar("SELECT count(*) FROM pg_namespace WHERE nspname = :s", s=schema) == 0
 
 
