@@ -79,12 +79,19 @@ def age(seconds: float | None) -> str:
     return f"{s // 86400}d {s % 86400 // 3600:02d}h"
 
 
+def _utf8_json(text: str) -> str:
+    """JSON text (of ``ensure_ascii=False``) that a UTF-8 page can carry: a payload's lone
+    surrogates (they round-trip, so a payload may hold them) become the ``\\uXXXX``
+    escapes they were stored as, which is what ``backslashreplace`` writes for them."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def pretty_json(payload: Any) -> str:
-    return json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
+    return _utf8_json(json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True))
 
 
 def preview(payload: Any, limit: int = 80) -> str:
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    text = _utf8_json(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -238,6 +238,33 @@ def test_hostile_names_and_payloads_are_escaped(dash, store: alk.Store, qname: s
     assert f'href="/queues/{_quote(name)}"' in dash.get("/").text
 
 
+def test_payloads_with_lone_surrogates_are_shown_as_json_escapes(dash, store: alk.Store, qname: str) -> None:
+    """A payload may hold lone surrogates (they round-trip, SPEC §5); the pages that show
+    it (the job, its queue's list, the dead letters, the schedules) write them as the JSON
+    escapes they were stored as, instead of failing to encode the page as UTF-8 (500)."""
+    q = store.queue(qname)
+    live = q.enqueue({"k\udfff": "a\ud800b"})
+    dead = q.enqueue(["\udc00"])
+    for h in q.claim_batch("w", 2):
+        if h.id == dead:
+            assert h.fail("boom")
+        else:
+            assert h.retry("again", delay=0)
+    store.schedule(f"{qname}-s", "* * * * *", qname, "x\udbff")
+    pages = {
+        f"/jobs/{live}": ['"k\\udfff": "a\\ud800b"'],
+        f"/jobs/{dead}": ['"\\udc00"'],
+        f"/queues/{qname}": ['{"k\\udfff":"a\\ud800b"}'],
+        "/dead": ['["\\udc00"]'],
+        "/schedules": ['"x\\udbff"'],
+    }
+    for path, shown in pages.items():
+        r = dash.get(path)
+        assert r.status == 200, path
+        for text in shown:
+            assert html.escape(text) in r.text, (path, text)
+
+
 def _quote(name: str) -> str:
     from urllib.parse import quote
 
