@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidName, InvalidOptions, PayloadError
 
@@ -22,6 +21,7 @@ INT32_MAX = 2**31 - 1
 MAX_DURATION = 100 * 365.25 * 86400.0  # "a duration over 100 years" is refused
 
 Duration = int | float | timedelta
+T = TypeVar("T")
 
 
 def _utf8_clean(value: str) -> bool:
@@ -223,48 +223,40 @@ def encode_payload(payload: object, max_bytes: int) -> str:
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def decode_payload(text: str) -> Any:
-    """A stored payload's value. The payloads this library writes are compact JSON, read
-    with the decoder's scanner alone (a claimed job's payload is decoded on the worker's
-    hot path); anything else takes ``json.loads``. Malformed text, and a payload too deeply
-    nested to decode at all, raise ``PayloadError`` (a ``ValueError``)."""
+def full_depth(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, run again on a fresh thread when it runs out of recursion
+    depth. JSON is encoded and decoded recursively, one level per nesting level, within
+    the stack the caller already used: a payload is accepted when ``json.dumps`` succeeds
+    on the enqueuer's stack, and a reader with a deeper one (a worker's claim loop, a web
+    request) would fail on it. A new thread's stack starts empty, so it has the whole
+    recursion budget any enqueuer had."""
     try:
-        try:
-            value, end = _scan(text, 0)
-        except (StopIteration, ValueError, TypeError):
-            return _loads(text)
-        return value if end == len(text) else _loads(text)
+        return fn(*args, **kwargs)
     except RecursionError:
-        return _decode_deep(text)
+        pass
+    outcome: list[tuple[bool, Any]] = []
 
-
-def _decode_deep(text: str) -> Any:
-    """``text`` decoded on a thread of its own. The decoder recurses once per nesting level,
-    and enqueue accepted as deep a payload as ``json.dumps`` could nest at the depth of
-    the caller's stack: read deeper in another stack (a worker's claim loop, a request
-    handler) it ran out. A new thread's stack is nearly empty."""
-    decoded: list[Any] = []
-    failed: list[ValueError] = []
-
-    def decode() -> None:
+    def run() -> None:
         try:
-            decoded.append(_loads(text))
-        except ValueError as exc:
-            failed.append(exc)
-        except RecursionError:
-            pass
+            outcome.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # re-raised on the caller's thread
+            outcome.append((False, exc))
 
-    thread = threading.Thread(target=decode, name="alkstore-deep-payload", daemon=True)
+    thread = threading.Thread(target=run, name="alkstore-deep-json", daemon=True)
     thread.start()
     thread.join()
-    if failed:
-        raise failed[0]
-    if not decoded:
-        raise PayloadError(
-            "the payload is nested too deeply to decode within Python's recursion limit "
-            f"({sys.getrecursionlimit()})"
-        )
-    return decoded[0]
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _decode(text: str) -> Any:
+    try:
+        value, end = _scan(text, 0)
+    except (StopIteration, ValueError, TypeError):
+        return _loads(text)
+    return value if end == len(text) else _loads(text)
 
 
 def _loads(text: str) -> Any:
@@ -274,3 +266,20 @@ def _loads(text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:  # json.JSONDecodeError
         raise PayloadError(f"a stored payload is not JSON: {exc}") from None
+
+
+def decode_payload(text: str) -> Any:
+    """A stored payload's value. The payloads this library writes are compact JSON, read
+    with the decoder's scanner alone (a claimed job's payload is decoded on the worker's
+    hot path); anything else takes ``json.loads``. Malformed text is a PayloadError (a
+    ValueError). A payload nested as deeply as an enqueuer could write is decoded too
+    (``full_depth``); one still too deep for this process is a PayloadError as well (a
+    worker fails such a job instead of ending its run)."""
+    try:
+        return _decode(text)
+    except RecursionError:
+        pass
+    try:
+        return full_depth(_decode, text)
+    except RecursionError:
+        raise PayloadError("the stored payload is nested too deeply to decode as JSON") from None

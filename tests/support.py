@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -123,3 +124,41 @@ def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.01)
+
+
+def nested_list(depth: int) -> list[Any]:
+    """``[[[...]]]``: ``depth`` lists, each the only item of the one around it."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def list_depth(value: Any) -> int:
+    """How deep a ``nested_list`` is, counted without recursion (comparing two values that
+    deep with ``==`` would itself run out of recursion depth)."""
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        value = value[0] if value else None
+    return depth
+
+
+def deepest_accepted(accept: Callable[[Any], Any]) -> tuple[int, Any]:
+    """The depth of the most deeply nested ``nested_list`` that ``accept`` (a payload API)
+    takes when called on a fresh thread, the shallowest stack an application can call it
+    from, and what it returned. Deeper ones raise PayloadError and write nothing."""
+    found: list[tuple[int, Any]] = []
+
+    def run() -> None:
+        for depth in range(sys.getrecursionlimit(), 0, -1):
+            try:
+                found.append((depth, accept(nested_list(depth))))
+                return
+            except alk.PayloadError:
+                continue
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return found[0]

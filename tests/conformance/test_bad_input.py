@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
-from tests.support import FakeClock, Target
+from tests.support import FakeClock, Target, deepest_accepted, list_depth
 
 NAN, INF = float("nan"), float("inf")
 YEAR = 365.25 * 86400
@@ -581,6 +581,29 @@ def test_a_payload_nested_too_deeply_is_a_payload_error(db: Target, store: alk.S
     # moderately deep payloads still round-trip
     job = q.get_job(q.enqueue(_nested(100, 1)))
     assert job is not None and job.payload == _nested(100, 1)
+
+
+def test_the_deepest_payload_accepted_is_read_back_from_any_stack(store: alk.Store, qname: str) -> None:
+    """A payload is accepted when json.dumps succeeds on the enqueuer's stack; its reader's
+    stack may be deeper (a worker's claim loop, a web request), and decoding it there used
+    to raise RecursionError: out of get_job, and out of a worker's run(), leaving the job's
+    whole batch claimed. Every reader decodes what any enqueuer could write."""
+    q = store.queue(qname)
+    depth, job_id = deepest_accepted(q.enqueue)
+    after = q.enqueue("after")
+    seen: dict[int, int] = {}
+
+    def handler(job: alk.Job) -> None:
+        seen[job.id] = list_depth(job.payload)
+
+    def deep_get(levels: int) -> alk.Job | None:
+        return deep_get(levels - 1) if levels else store.get_job(job_id)
+
+    job = deep_get(100)  # a caller 100 frames down
+    assert job is not None and list_depth(job.payload) == depth
+    alk.Worker(store, qname, handler, concurrency=1).run(alk.StopToken(), burst=True)
+    assert seen == {job_id: depth, after: 0}
+    assert store.get_job(job_id) is None and store.get_job(after) is None
 
 
 @pytest.mark.parametrize(
