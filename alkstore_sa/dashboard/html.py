@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from .._validate import full_depth
 from .csrf import FIELD
 from .http import Request, Response
 from .target import own_url
@@ -87,11 +88,12 @@ def _utf8_json(text: str) -> str:
 
 
 def pretty_json(payload: Any) -> str:
-    return _utf8_json(json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True))
+    # full_depth: a payload as deep as enqueue accepts, encoded again under the server's frames
+    return _utf8_json(full_depth(json.dumps, payload, indent=2, ensure_ascii=False, sort_keys=True))
 
 
 def preview(payload: Any, limit: int = 80) -> str:
-    text = _utf8_json(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+    text = _utf8_json(full_depth(json.dumps, payload, ensure_ascii=False, separators=(",", ":")))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -16,7 +16,7 @@ import alkstore_sa as alk
 from tests.conftest import ENGINES, require_pg
 from tests.dashboard.conftest import make_browser
 from tests.dashboard.seed import counts_in, job_ids, next_link, row_of, seed
-from tests.support import PG_URL, FakeClock, new_pg_schema, wait_for
+from tests.support import PG_URL, FakeClock, deepest_accepted, new_pg_schema, wait_for
 
 NAV = ("nav-queues", "nav-dead", "nav-schedules", "nav-workers", "nav-streams")
 
@@ -263,6 +263,19 @@ def test_payloads_with_lone_surrogates_are_shown_as_json_escapes(dash, store: al
         assert r.status == 200, path
         for text in shown:
             assert html.escape(text) in r.text, (path, text)
+
+
+def test_the_deepest_payload_accepted_is_shown(dash, store: alk.Store, qname: str) -> None:
+    """A payload nested as deeply as enqueue accepts is shown on the job page and in its
+    queue's list; encoding it again from under the web server's and the app's frames ran
+    out of recursion depth (500)."""
+    depth, job_id = deepest_accepted(store.queue(qname).enqueue)
+    r = dash.get(f"/jobs/{job_id}")
+    assert r.status == 200
+    payload = html.unescape(r.text.split('<pre id="payload">')[1].split("</pre>")[0])
+    assert payload.replace(" ", "").replace("\n", "") == "[" * depth + "]" * depth
+    r = dash.get(f"/queues/{qname}")
+    assert r.status == 200 and f'data-job-id="{job_id}"' in r.text and "[" * 70 in r.text
 
 
 def _quote(name: str) -> str:
