@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
+from .._validate import full_depth
 from ..model import Job
 from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
@@ -35,16 +36,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _json(job: Job) -> dict[str, Any]:
-    def plain(value: Any) -> Any:
-        if isinstance(value, datetime):
-            return value.isoformat()
-        if isinstance(value, list):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        return value
+    """The job's fields as JSON values: its timestamps (its own and its error entries')
+    as ISO 8601. The payload is taken as it is, not copied level by level: it may be
+    nested as deeply as enqueue accepts."""
 
-    return plain(asdict(job))  # type: ignore[no-any-return]
+    def plain(value: Any) -> Any:
+        return value.isoformat() if isinstance(value, datetime) else value
+
+    data = {f.name: plain(getattr(job, f.name)) for f in fields(job)}
+    data["errors"] = [{k: plain(v) for k, v in entry.items()} for entry in job.errors]
+    return data
+
+
+def _dumps(value: Any) -> str:
+    # full_depth: the payload in it, encoded again under the CLI's frames
+    return full_depth(json.dumps, value, indent=2)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -54,7 +60,7 @@ def run_list(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps([_json(j) for j in jobs], indent=2))
+        print(_dumps([_json(j) for j in jobs]))
         return 0
     for j in jobs:
         died = j.died_at.isoformat(timespec="seconds") if j.died_at else "-"
@@ -74,7 +80,7 @@ def run_show(args: argparse.Namespace) -> int:
     if job is None:
         print(f"no job {args.job_id}")
         return 1
-    print(json.dumps(_json(job), indent=2))
+    print(_dumps(_json(job)))
     return 0
 
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 import alkstore_sa as alk
 from alkstore_sa import migrations
 from tests.conftest import ENGINES, require_pg
-from tests.support import PG_URL, new_pg_schema
+from tests.support import PG_URL, deepest_accepted, new_pg_schema
 
 ALKSTORE = Path(sys.executable).with_name("alkstore")
 STARTUP = 60.0  # a fresh interpreter imports SQLAlchemy (and psycopg) first
@@ -257,6 +257,21 @@ def test_dead_list_show_requeue(cli: Cli) -> None:
     assert out_lines[1].startswith("424242: no dead job")
     assert cli.ok("dead", "list", "--queue", "reports").strip() == "(no dead jobs)"
     assert q.stats().ready == 2
+
+
+def test_dead_show_and_list_print_the_deepest_payload_accepted(cli: Cli) -> None:
+    """A payload nested as deeply as enqueue accepts is printed by ``dead show`` and
+    ``dead list --json`` (they copied it level by level, then encoded it again under the
+    CLI's frames: "unexpected error: RecursionError")."""
+    q = cli.install().queue("deep", max_attempts=1)
+    depth, job_id = deepest_accepted(q.enqueue)
+    h = q.claim_one("w")
+    assert h is not None and h.fail("boom")
+    nested = "[" * depth + "]" * depth
+    shown = re.sub(r"\s", "", cli.ok("dead", "show", str(job_id)))
+    assert f'"payload":{nested},' in shown and f'"id":{job_id},' in shown
+    listed = re.sub(r"\s", "", cli.ok("dead", "list", "--queue", "deep", "--json"))
+    assert f'"payload":{nested},' in listed and listed.startswith("[{") and listed.endswith("}]")
 
 
 def test_dead_requeue_of_a_job_whose_unique_key_is_held_says_it_was_not_requeued(cli: Cli) -> None:
