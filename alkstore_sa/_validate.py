@@ -194,35 +194,6 @@ def error_text(value: object, what: str = "error") -> str:
     return value
 
 
-def _dumps(payload: object, *, ensure_ascii: bool) -> str:
-    try:
-        return json.dumps(payload, allow_nan=False, ensure_ascii=ensure_ascii, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise PayloadError(f"payload is not strict JSON: {exc}") from None
-    except RecursionError:
-        # json.dumps recurses once per nesting level: a payload nested deeper than the
-        # interpreter's recursion limit cannot be serialized
-        raise PayloadError("payload is nested too deeply to serialize as JSON") from None
-
-
-def encode_payload(payload: object, max_bytes: int) -> str:
-    """Serialize a payload as strict JSON text that any database text column can hold."""
-    text = _dumps(payload, ensure_ascii=False)
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        # lone surrogates cannot be stored as UTF-8: keep them as JSON \u escapes instead
-        text = _dumps(payload, ensure_ascii=True)
-        size = len(text)
-    if size > max_bytes:
-        raise PayloadError(f"payload is {size} bytes serialized; the limit is {max_bytes}")
-    return text
-
-
-# the decoder's scanner: an instance attribute typeshed does not declare
-_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
 def full_depth(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, run again on a fresh thread when it runs out of recursion
     depth. JSON is encoded and decoded recursively, one level per nesting level, within
@@ -249,6 +220,39 @@ def full_depth(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]
+
+
+def _dumps(payload: object, *, ensure_ascii: bool) -> str:
+    try:
+        # full_depth: whether a payload is accepted does not depend on the caller's stack
+        # (a scheduler's fire encodes a schedule's payload again, deeper than schedule())
+        return full_depth(
+            json.dumps, payload, allow_nan=False, ensure_ascii=ensure_ascii, separators=(",", ":")
+        )
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not strict JSON: {exc}") from None
+    except RecursionError:
+        # json.dumps recurses once per nesting level: a payload nested deeper than the
+        # interpreter's recursion limit cannot be serialized
+        raise PayloadError("payload is nested too deeply to serialize as JSON") from None
+
+
+def encode_payload(payload: object, max_bytes: int) -> str:
+    """Serialize a payload as strict JSON text that any database text column can hold."""
+    text = _dumps(payload, ensure_ascii=False)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        # lone surrogates cannot be stored as UTF-8: keep them as JSON \u escapes instead
+        text = _dumps(payload, ensure_ascii=True)
+        size = len(text)
+    if size > max_bytes:
+        raise PayloadError(f"payload is {size} bytes serialized; the limit is {max_bytes}")
+    return text
+
+
+# the decoder's scanner: an instance attribute typeshed does not declare
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _decode(text: str) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -145,20 +144,27 @@ def list_depth(value: Any) -> int:
 
 
 def deepest_accepted(accept: Callable[[Any], Any]) -> tuple[int, Any]:
-    """The depth of the most deeply nested ``nested_list`` that ``accept`` (a payload API)
-    takes when called on a fresh thread, the shallowest stack an application can call it
-    from, and what it returned. Deeper ones raise PayloadError and write nothing."""
-    found: list[tuple[int, Any]] = []
+    """The depth of the most deeply nested ``nested_list`` a payload is accepted at (found
+    by bisection with the library's own check, which writes nothing), and what ``accept``
+    (a payload API) returned for it, called on a fresh thread: the shallowest stack an
+    application can call it from."""
+    from alkstore_sa._validate import encode_payload
 
-    def run() -> None:
-        for depth in range(sys.getrecursionlimit(), 0, -1):
-            try:
-                found.append((depth, accept(nested_list(depth))))
-                return
-            except alk.PayloadError:
-                continue
+    def accepted(depth: int) -> bool:
+        try:
+            encode_payload(nested_list(depth), 1 << 30)
+        except alk.PayloadError:
+            return False
+        return True
 
-    thread = threading.Thread(target=run)
+    low, high = 1, 10_000  # 10,000 levels are refused (test_bad_input)
+    assert accepted(low) and not accepted(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if accepted(mid) else (low, mid)
+    found: list[Any] = []
+    thread = threading.Thread(target=lambda: found.append(accept(nested_list(low))))
     thread.start()
     thread.join()
-    return found[0]
+    assert found, f"a payload {low} levels deep was refused"
+    return low, found[0]

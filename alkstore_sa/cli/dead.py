@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from .._validate import full_depth
+from .._json_shown import hole, indented, with_payloads
 from ..model import Job
 from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
@@ -35,22 +34,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     requeue.set_defaults(func=run_requeue)
 
 
-def _json(job: Job) -> dict[str, Any]:
+def _json(job: Job, payloads: dict[str, Any]) -> dict[str, Any]:
     """The job's fields as JSON values: its timestamps (its own and its error entries')
-    as ISO 8601. The payload is taken as it is, not copied level by level: it may be
-    nested as deeply as enqueue accepts."""
+    as ISO 8601. Its payload is a ``hole`` recorded in ``payloads``, for ``_dumps``."""
 
     def plain(value: Any) -> Any:
         return value.isoformat() if isinstance(value, datetime) else value
 
     data = {f.name: plain(getattr(job, f.name)) for f in fields(job)}
     data["errors"] = [{k: plain(v) for k, v in entry.items()} for entry in job.errors]
+    data["payload"] = place = hole()
+    payloads[place] = job.payload
     return data
 
 
-def _dumps(value: Any) -> str:
-    # full_depth: the payload in it, encoded again under the CLI's frames
-    return full_depth(json.dumps, value, indent=2)
+def _dumps(jobs: list[Job] | Job) -> str:
+    """One job, or a list of them, as ``json.dumps(..., indent=2)`` writes them, with
+    payloads as deep as enqueue accepts (``_json_shown``)."""
+    payloads: dict[str, Any] = {}
+    document = [_json(j, payloads) for j in jobs] if isinstance(jobs, list) else _json(jobs, payloads)
+    return indented(with_payloads(document, payloads))
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -60,7 +63,7 @@ def run_list(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(_dumps([_json(j) for j in jobs]))
+        print(_dumps(jobs))
         return 0
     for j in jobs:
         died = j.died_at.isoformat(timespec="seconds") if j.died_at else "-"
@@ -80,7 +83,7 @@ def run_show(args: argparse.Namespace) -> int:
     if job is None:
         print(f"no job {args.job_id}")
         return 1
-    print(_dumps(_json(job)))
+    print(_dumps(job))
     return 0
 
 

@@ -4,14 +4,13 @@ action forms. Every value that came from a user or the database goes through ``e
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from .._validate import full_depth
+from .._json_shown import compact, indented
 from .csrf import FIELD
 from .http import Request, Response
 from .target import own_url
@@ -88,12 +87,12 @@ def _utf8_json(text: str) -> str:
 
 
 def pretty_json(payload: Any) -> str:
-    # full_depth: a payload as deep as enqueue accepts, encoded again under the server's frames
-    return _utf8_json(full_depth(json.dumps, payload, indent=2, ensure_ascii=False, sort_keys=True))
+    # as deep as enqueue accepts, under the server's frames: see _json_shown
+    return _utf8_json(indented(compact(payload, ensure_ascii=False, sort_keys=True)))
 
 
 def preview(payload: Any, limit: int = 80) -> str:
-    text = _utf8_json(full_depth(json.dumps, payload, ensure_ascii=False, separators=(",", ":")))
+    text = _utf8_json(compact(payload, ensure_ascii=False))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

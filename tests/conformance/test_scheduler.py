@@ -33,7 +33,9 @@ from tests.support import (
     WAIT,
     FakeClock,
     Target,
+    deepest_accepted,
     drop_pg_schema,
+    list_depth,
     new_pg_schema,
     pg_target,
     wait_for,
@@ -241,6 +243,23 @@ def test_each_schedule_catches_up_on_its_own(
     assert Scheduler(store).tick() == 64 + 3
     assert len(jobs_of(db, qname + "-a")) == 64
     assert len(jobs_of(db, qname + "-b")) == 3
+
+
+def test_a_schedule_with_the_deepest_payload_accepted_fires_from_any_stack(
+    store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """A fire encodes the schedule's payload again; from a runner's stack deeper than the
+    registering caller's, the deepest payload ``schedule`` accepted ran out of recursion
+    depth there, and the schedule never fired ("could not fire", retried forever)."""
+    depth, _ = deepest_accepted(lambda payload: store.schedule("deep", "@every 10s", qname, payload))
+    clock.advance(10)
+
+    def tick(levels: int) -> int:
+        return tick(levels - 1) if levels else Scheduler(store).tick()
+
+    assert tick(100) == 1  # a runner 100 frames down
+    job = store.queue(qname).claim_one("w")
+    assert job is not None and list_depth(job.payload) == depth
 
 
 def test_fired_jobs_carry_the_schedules_stamps_over_the_defaults(

@@ -1,0 +1,68 @@
+"""Payloads as JSON text for people (the dashboard's pages, ``alkstore dead show``).
+Internal.
+
+A payload may be nested as deeply as ``json.dumps`` can encode it (SPEC §5). Showing it
+must not need more recursion depth than accepting it did: it is encoded compact by the
+same C encoder, on a fresh stack (``full_depth``), and indented afterwards by a loop over
+that text. ``json.dumps(indent=...)`` would take the pure-Python encoder, whose budget is
+not the C encoder's (one more frame per level on some Pythons, another limit on others),
+and a document around the payload (a job's fields, a list of jobs) would add its own
+levels: it is encoded apart and the payload's text spliced into it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any
+
+from ._validate import full_depth
+
+# compact JSON (no whitespace outside strings) in tokens: a whole string, an empty
+# container, one structural character, or a run of a scalar (number, true, false, null)
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\{\}|\[\]|[{}\[\],:]|[^"{}\[\],:]+', re.DOTALL)
+
+
+def compact(value: Any, *, ensure_ascii: bool = True, sort_keys: bool = False) -> str:
+    """``value`` as compact JSON text (``","`` and ``":"`` separators)."""
+    return full_depth(
+        json.dumps, value, ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=(",", ":")
+    )
+
+
+def indented(text: str, indent: int = 2) -> str:
+    """Compact JSON text laid out as ``json.dumps(..., indent=indent)`` lays it out, at
+    any depth (a loop, no recursion)."""
+    out: list[str] = []
+    level = 0
+    pad = " " * indent
+    for m in _TOKEN.finditer(text):
+        token = m.group()
+        if token in ("{", "["):
+            level += 1
+            out.append(token + "\n" + pad * level)
+        elif token in ("}", "]"):
+            level -= 1
+            out.append("\n" + pad * level + token)
+        elif token == ",":
+            out.append(",\n" + pad * level)
+        elif token == ":":
+            out.append(": ")
+        else:
+            out.append(token)
+    return "".join(out)
+
+
+def with_payloads(document: Any, payloads: dict[str, Any], *, ensure_ascii: bool = True) -> str:
+    """``document`` as compact JSON, where each string value that is a key of
+    ``payloads`` (see ``hole``) is replaced by that payload's own compact text."""
+    text = compact(document, ensure_ascii=ensure_ascii)
+    for key, payload in payloads.items():
+        text = text.replace(json.dumps(key), compact(payload, ensure_ascii=ensure_ascii), 1)
+    return text
+
+
+def hole() -> str:
+    """A string no document holds by chance, to stand for a payload in ``with_payloads``."""
+    return f"alkstore-payload-{secrets.token_hex(16)}"
