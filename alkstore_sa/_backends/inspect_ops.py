@@ -92,33 +92,41 @@ class InspectOps(Core):
 
     def overview(self, ex: Executor, params: Mapping[str, Any]) -> dict[Any, list[Any]]:
         """Per queue: [pending, ready, processing, dead, oldest ready run_at], plus ``now``
-        under the key None — one grouped pass over each table (an operator's command)."""
+        under the key None — one grouped pass over each table (an operator's command), in
+        ONE statement: the store's connections run in autocommit, so two statements would
+        read two snapshots, and a job that died between them would count as processing
+        and as dead."""
 
-        def live() -> sa.Executable:
+        def build() -> sa.Executable:
             now = self.now()
             ready = sa.and_(jobs.c.state == PENDING, jobs.c.run_at <= now, self.not_expired())
 
             def count(cond: Any) -> Any:
                 return sa.func.coalesce(sa.func.sum(sa.case((cond, ONE), else_=ZERO)), ZERO)
 
-            return sa.select(
+            live = sa.select(
                 jobs.c.queue,
                 count(jobs.c.state == PENDING),
                 count(ready),
                 count(jobs.c.state == PROCESSING),
+                ZERO,
                 sa.func.min(sa.case((ready, jobs.c.run_at), else_=sa.null())),
                 now,
             ).group_by(jobs.c.queue)
-
-        def dead() -> sa.Executable:
-            return sa.select(dead_jobs.c.queue, sa.func.count()).group_by(dead_jobs.c.queue)
+            dead = sa.select(
+                dead_jobs.c.queue, ZERO, ZERO, ZERO, sa.func.count(), sa.cast(sa.null(), sa.Double), now
+            ).group_by(dead_jobs.c.queue)
+            return sa.union_all(live, dead)
 
         result: dict[Any, list[Any]] = {None: [params.get("now")]}
-        for queue, pending, ready, processing, oldest, now in ex.rows(self.sql("overview:live", live), params):
-            result[queue] = [pending, ready, processing, 0, oldest]
+        # a queue with live and dead jobs comes in two rows: add them up
+        for queue, pending, ready, processing, dead, oldest, now in ex.rows(self.sql("overview", build), params):
+            row = result.setdefault(queue, [0, 0, 0, 0, None])
+            for i, n in enumerate((pending, ready, processing, dead)):
+                row[i] += int(n)
+            if oldest is not None:
+                row[4] = oldest
             result[None] = [now]
-        for queue, n in ex.rows(self.sql("overview:dead", dead), params):
-            result.setdefault(queue, [0, 0, 0, 0, None])[3] = n
         return result
 
     def stats(self, ex: Executor, params: Mapping[str, Any]) -> tuple[Any, ...]:

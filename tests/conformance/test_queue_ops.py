@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 
 import alkstore_sa as alk
-from tests.support import FakeClock
+from alkstore_sa._conn import Lease
+from tests.support import FakeClock, Target
 
 
 def _ts(clock: FakeClock, offset: float = 0.0) -> datetime:
@@ -188,6 +190,36 @@ def test_stats(store: alk.Store, qname: str, clock: FakeClock) -> None:
     stats = q.stats()
     assert (stats.pending, stats.ready, stats.processing, stats.dead) == (3, 2, 1, 1)
     assert stats.oldest_ready_age == 2.0
+
+
+def test_queue_stats_is_one_snapshot(
+    db: Target, store: alk.Store, qname: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """store.queue_stats() (what ``alkstore status`` prints) reads every count in one
+    statement: a job that died between two reads was counted both processing and dead
+    (four jobs out of three)."""
+    other = db.store(clock=clock)
+    try:
+        q = store.queue(qname, max_attempts=1)
+        q.enqueue_many(["a", "b", "c"])
+        h = other.queue(qname, max_attempts=1).claim_one("w")
+        assert h is not None
+        failed: list[bool] = []
+        rows = Lease.rows
+
+        def then_fail(ex: Lease, sql: str, params: Any) -> list[tuple[Any, ...]]:
+            result = rows(ex, sql, params)
+            if not failed and "GROUP BY" in sql.upper():
+                failed.append(h.fail("boom"))  # committed by another store, after this read
+            return result
+
+        monkeypatch.setattr(Lease, "rows", then_fail)
+        stats = store.queue_stats()[qname]
+        monkeypatch.undo()
+        assert failed == [True]
+        assert (stats.pending, stats.processing, stats.dead) == (2, 1, 0), stats
+    finally:
+        other.close()
 
 
 def test_sweep_and_stats_on_database_clock(dbstore: alk.Store, qname: str) -> None:
