@@ -12,6 +12,7 @@ from ..outbox import listed_queue
 from ..queue import cancel_pending
 from .html import esc
 from .http import Request, Response, redirect
+from .reads import stored_job
 from .target import default_target, local_target, referer_target
 from .view import View
 
@@ -51,9 +52,9 @@ def _dead_jobs(view: View) -> list[Job]:
     queue = view.request.field("queue") or None
     jobs = []
     for job_id in form_ids(view.request):
-        job = view.store.get_job(job_id)
-        if job is not None and job.state == "dead" and (queue is None or job.queue == queue):
-            jobs.append(job)
+        found = stored_job(view.store, job_id)
+        if found is not None and found[0].state == "dead" and (queue is None or found[0].queue == queue):
+            jobs.append(found[0])
     return jobs
 
 
@@ -94,7 +95,8 @@ def cancel(view: View, job_id: int) -> Response:
     between this action's own read and its delete — is left alone, and the answer (409)
     says what became of it instead of pretending it was cancelled."""
     back = back_to(view.request)
-    job = view.store.get_job(job_id)
+    found = stored_job(view.store, job_id)
+    job = None if found is None else found[0]
     if job is not None and job.state == "pending" and cancel_pending(listed_queue(view.store, job.queue), job_id):
         return redirect(back)
     return _not_cancelled(view, job_id, back)
@@ -102,7 +104,8 @@ def cancel(view: View, job_id: int) -> Response:
 
 def _not_cancelled(view: View, job_id: int, back: str) -> Response:
     """409: the job was not cancelled, and why (read after the refused delete)."""
-    job = view.store.get_job(job_id)
+    found = stored_job(view.store, job_id)
+    job = None if found is None else found[0]
     if job is None:
         why = "it is no longer live (a worker finished it, or it was cancelled or expired)"
     elif job.state == "processing":

@@ -92,8 +92,13 @@ def pretty_json(payload: Any) -> str:
 
 
 def preview(payload: Any, limit: int = 80) -> str:
-    text = _utf8_json(compact(payload, ensure_ascii=False))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return preview_text(compact(payload, ensure_ascii=False), limit)
+
+
+def preview_text(text: str, limit: int = 80) -> str:
+    """The start of a payload's JSON text (as stored, or encoded), cut at ``limit``."""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return _utf8_json(text)
 
 
 def hidden(fields: Iterable[tuple[str, object]]) -> str:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 
+from .._validate import decode_payload
 from ..errors import InvalidOptions
 from ..model import Job
 from ..outbox import listed_queue
-from .html import age, esc, pretty_json, preview, seg, url, when
+from .html import age, esc, pretty_json, preview_text, seg, url, when
 from .http import Response
 from .queues import describe, pause_button
-from .reads import STATES, Cursor, Page, dead_page, jobs_page
+from .reads import STATES, Cursor, Page, dead_page, jobs_page, stored_job
 from .view import View
 
 
@@ -59,7 +60,7 @@ def _live_table(view: View, page: Page, state: str) -> str:
     extra = ("worker", "claim expires") if state == "processing" else ("run at",)
     head = "".join(f"<th>{h}</th>" for h in ("id", "priority", "attempts", *extra, "created", "payload", ""))
     rows = []
-    for j in page.jobs:
+    for j, text in zip(page.jobs, page.payloads, strict=True):
         cells = (j.worker_id, when(j.claim_expires_at)) if state == "processing" else (when(j.run_at),)
         cancel = "" if state == "processing" else view.form(
             f"/jobs/{j.id}/cancel", '<button class="cancel-row-btn" type="submit">cancel</button>'
@@ -68,7 +69,7 @@ def _live_table(view: View, page: Page, state: str) -> str:
             f'<tr data-job-id="{j.id}"><td>{_job_link(view, j)}</td><td class="num">{j.priority}</td>'
             f'<td class="num">{j.attempts}/{j.max_attempts}</td>'
             + "".join(f"<td>{esc(c)}</td>" for c in cells)
-            + f'<td>{esc(when(j.created_at))}</td><td><code>{esc(preview(j.payload))}</code></td>'
+            + f'<td>{esc(when(j.created_at))}</td><td><code>{esc(preview_text(text))}</code></td>'
             f"<td>{cancel}</td></tr>"
         )
     body = "".join(rows) or f'<tr><td colspan="8">no {esc(state)} jobs</td></tr>'
@@ -90,7 +91,7 @@ def dead_table(view: View, page: Page, *, queue: str | None, show_queue: bool) -
         )
     head = ["", "id"] + (["queue"] if show_queue else []) + ["died", "attempts", "last error", "payload", ""]
     rows = []
-    for j in page.jobs:
+    for j, text in zip(page.jobs, page.payloads, strict=True):
         check = "" if view.read_only else (
             f'<input type="checkbox" name="id" value="{j.id}" form="bulk-form" aria-label="select {j.id}">'
         )
@@ -102,7 +103,7 @@ def dead_table(view: View, page: Page, *, queue: str | None, show_queue: bool) -
         rows.append(
             f'<tr data-job-id="{j.id}"><td>{check}</td><td>{_job_link(view, j)}</td>{queue_cell}'
             f'<td>{esc(when(j.died_at))}</td><td class="num">{j.attempts}/{j.max_attempts}</td>'
-            f"<td>{esc(j.last_error)}</td><td><code>{esc(preview(j.payload))}</code></td><td>{actions}</td></tr>"
+            f"<td>{esc(j.last_error)}</td><td><code>{esc(preview_text(text))}</code></td><td>{actions}</td></tr>"
         )
     cols = len(head)
     body = "".join(rows) or f'<tr><td colspan="{cols}">no dead jobs</td></tr>'
@@ -155,10 +156,24 @@ def _dl(items: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
+def _payload(text: str) -> str:
+    """The payload section: its JSON laid out, or (not JSON: a row written or edited by
+    hand) the text as stored, and why it could not be decoded."""
+    try:
+        payload = decode_payload(text)
+    except ValueError as exc:
+        return (
+            f'<p class="error" id="payload-error">the stored payload is not JSON ({esc(exc)}); '
+            f'shown as stored</p><pre id="payload">{esc(preview_text(text, len(text)))}</pre>'
+        )
+    return f'<pre id="payload">{esc(pretty_json(payload))}</pre>'
+
+
 def job_page(view: View, job_id: int) -> Response | None:
-    job = view.store.get_job(job_id)
-    if job is None:
+    found = stored_job(view.store, job_id)
+    if found is None:
         return None
+    job, text = found
     queue_href = esc(url(view.request, f"/queues/{seg(job.queue)}"))
     facts = [
         ("state", f'<span id="job-state">{esc(job.state)}</span>'),
@@ -200,7 +215,7 @@ def job_page(view: View, job_id: int) -> Response | None:
     )
     body = (
         f'<div class="actions">{buttons}</div>{_dl(facts)}'
-        f'<h2>Payload</h2><pre id="payload">{esc(pretty_json(job.payload))}</pre>'
+        f"<h2>Payload</h2>{_payload(text)}"
         f"<h2>Error history</h2>{history}"
     )
     return view.page(f"Job {job.id}", body)

@@ -49,15 +49,36 @@ def queue_rows(store: Store) -> list[QueueRow]:
 
 @dataclass(frozen=True)
 class Page:
-    """Jobs of one page and the query parameters of the next page (None: this is the last)."""
+    """Jobs of one page, without their payloads decoded (``payload`` None), each one's
+    payload as stored (``payloads``, in the same order), and the query parameters of the
+    next page (None: this is the last). A list shows the start of each stored text: no
+    payload is decoded and encoded again for it, and one that is not JSON (a row written
+    or edited by hand) is listed as it is."""
 
     jobs: list[Job]
+    payloads: list[str]
     next_query: dict[str, object] | None
 
 
 def _page(rows: list[tuple[Any, ...]], limit: int, key: Callable[[tuple[Any, ...]], dict[str, object]]) -> Page:
-    jobs = [job_from_row(r) for r in rows[:limit]]
-    return Page(jobs, key(rows[limit - 1]) if len(rows) > limit else None)
+    shown = rows[:limit]
+    return Page(
+        [job_from_row(r, None) for r in shown],
+        [r[FIELD["payload"]] for r in shown],
+        key(rows[limit - 1]) if len(rows) > limit else None,
+    )
+
+
+def stored_job(store: Store, job_id: int) -> tuple[Job, str] | None:
+    """The job with this id, live or dead, without its payload decoded (``payload``
+    None), and its payload as stored; None when there is none. What the job page and the
+    actions read: a payload that is not JSON must not keep them from a job."""
+    store._check_open()
+    if not v.in_int64(job_id):
+        return None
+    with store.executor(retry=True) as ex:  # a read
+        row = store.backend.get_job(ex, {"id": job_id}, by_queue=False)
+    return None if row is None else (job_from_row(row, None), row[FIELD["payload"]])
 
 
 def _by_id(row: tuple[Any, ...]) -> dict[str, object]:

@@ -11,6 +11,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import pytest
 
 import alkstore_sa as alk
+from alkstore_sa.dashboard import actions
 from tests.dashboard.conftest import HOST, WsgiBrowser
 from tests.dashboard.seed import Seeded, seed
 
@@ -108,17 +109,17 @@ def test_cancel_refuses_a_job_claimed_after_the_action_read_it(
     job_id = q.enqueue({"races": 1})
     token = _token(dash, f"/jobs/{job_id}")
     claimed: list[alk.JobHandle] = []
-    read = store.get_job
+    read = actions.stored_job
 
-    def read_then_claim(i: int) -> alk.Job | None:
-        job = read(i)
+    def read_then_claim(s: alk.Store, i: int) -> tuple[alk.Job, str] | None:
+        found = read(s, i)
         if not claimed:  # the claim lands right after the action saw the job pending
             h = q.claim_one("racing-worker")
             assert h is not None and h.id == job_id
             claimed.append(h)
-        return job
+        return found
 
-    monkeypatch.setattr(store, "get_job", read_then_claim)
+    monkeypatch.setattr(actions, "stored_job", read_then_claim)
     r = dash.post(f"/jobs/{job_id}/cancel", {"csrf_token": token, "next": f"/queues/{qname}"})
     monkeypatch.undo()
     job = store.get_job(job_id)

@@ -16,7 +16,7 @@ import alkstore_sa as alk
 from tests.conftest import ENGINES, require_pg
 from tests.dashboard.conftest import make_browser
 from tests.dashboard.seed import counts_in, job_ids, next_link, row_of, seed
-from tests.support import PG_URL, FakeClock, deepest_accepted, new_pg_schema, wait_for
+from tests.support import PG_URL, FakeClock, Target, deepest_accepted, new_pg_schema, wait_for
 
 NAV = ("nav-queues", "nav-dead", "nav-schedules", "nav-workers", "nav-streams")
 
@@ -106,6 +106,35 @@ def test_job_page_live(dash, store: alk.Store, qname: str) -> None:
     assert dash.get("/jobs/999999999").status == 404
     assert dash.get("/jobs/99999999999999999999999").status == 404
     assert dash.get("/jobs/" + "9" * 5000).status == 404  # past int()'s digit limit: not a 500
+
+
+def test_a_stored_payload_that_is_not_json_is_shown_as_stored(dash, db: Target, store: alk.Store, qname: str) -> None:
+    """A payload column is text: a row written or edited by hand may hold no JSON, and a
+    worker fails such a job ("fix the row and requeue it"). The pages list and show it as
+    stored and its actions work; it made its queue's page, the dead letters of every
+    queue, its job page and the requeue, delete and cancel actions answer 500."""
+    q = store.queue(qname)
+    dead = q.enqueue({"b": 2})
+    h = q.claim_one("w")
+    assert h is not None and h.id == dead and h.fail("undecodable")
+    live = q.enqueue({"a": 1})
+    for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
+        db.execute(f"UPDATE {db.table(table)} SET payload = :p WHERE id = :id", p="{'<not json>", id=job_id)
+    shown = html.escape("{'<not json>")
+    for path in (f"/queues/{qname}", "/dead", f"/queues/{qname}?state=dead", f"/jobs/{live}", f"/jobs/{dead}"):
+        r = dash.get(path)
+        assert r.status == 200 and shown in r.text, path
+    assert 'id="payload-error"' in dash.get(f"/jobs/{live}").text
+    token = dash.get("/").token()
+    assert dash.post(f"/jobs/{live}/cancel", {"csrf_token": token}).status == 303
+    assert dash.post("/dead/requeue", {"csrf_token": token, "id": dead}).status == 303
+    assert store.get_job(live) is None and store.get_job(dead) is None
+    (requeued,) = job_ids(dash.get(f"/queues/{qname}").text)
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET payload = 'x' WHERE id = :id", id=requeued)
+    h = q.claim_one("w")
+    assert h is not None and h.fail("again")
+    assert dash.post("/dead/delete", {"csrf_token": token, "id": requeued}).status == 303
+    assert q.stats() == alk.QueueStats(0, 0, 0, 0, None)
 
 
 def test_dead_page_every_queue_and_filter(dash, store: alk.Store, qname: str) -> None:
