@@ -291,6 +291,10 @@ class Queue:
 
     def dead_jobs(self, limit: int = 100, before_id: int | None = None) -> list[Job]:
         """Dead jobs of this queue, id descending; only ids below ``before_id`` when given."""
+        return [job_from_row(r) for r in self._dead_rows(limit, before_id)]
+
+    def _dead_rows(self, limit: int, before_id: int | None) -> list[tuple[Any, ...]]:
+        """The rows of ``dead_jobs``, payloads not decoded (``alkstore dead list``)."""
         self.store._check_open()
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidOptions("limit must be a non-negative int")
@@ -301,8 +305,7 @@ class Queue:
             return []
         params = {"queue": self.name, "limit": min(limit, v.INT32_MAX), "before_id": before_id}
         with self.store.executor(retry=True) as ex:  # a read
-            rows = self.store.backend.dead_jobs(ex, params, before=before_id is not None)
-        return [job_from_row(r) for r in rows]
+            return self.store.backend.dead_jobs(ex, params, before=before_id is not None)
 
     def requeue_dead(self, job_id: int) -> int | None:
         """Move a dead job of this queue back as a fresh job (new id, this handle's stamps,

@@ -347,13 +347,17 @@ class Store:
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id, live or dead, in any queue; None when there is none."""
+        row = self._job_row(job_id)
+        return None if row is None else job_from_row(row)
+
+    def _job_row(self, job_id: int) -> tuple[Any, ...] | None:
+        """The row of ``get_job``, its payload not decoded (the dashboard, ``dead show``)."""
         self._check_open()
         job_id = v.job_id(job_id)
         if not v.in_int64(job_id):
             return None
         with self.executor(retry=True) as ex:  # a read
-            row = self.backend.get_job(ex, {"id": job_id}, by_queue=False)
-        return None if row is None else job_from_row(row)
+            return self.backend.get_job(ex, {"id": job_id}, by_queue=False)
 
     # -- internals shared by the handles ---------------------------------------------------
 

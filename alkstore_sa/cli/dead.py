@@ -8,7 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from .._json_shown import hole, indented, with_payloads
-from ..model import Job
+from .._rows import FIELD, job_from_row
+from .._validate import decode_payload
 from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
 from ._shown import shown
@@ -34,42 +35,52 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     requeue.set_defaults(func=run_requeue)
 
 
-def _json(job: Job, payloads: dict[str, Any]) -> dict[str, Any]:
-    """The job's fields as JSON values: its timestamps (its own and its error entries')
-    as ISO 8601. Its payload is a ``hole`` recorded in ``payloads``, for ``_dumps``."""
+def _json(row: tuple[Any, ...], payloads: dict[str, Any]) -> dict[str, Any]:
+    """A job row's fields as JSON values: its timestamps (its own and its error entries')
+    as ISO 8601. Its payload is a ``hole`` recorded in ``payloads``, for ``_dumps``; a
+    stored payload that is not JSON (a row edited by hand, which a worker fails) is null,
+    with the text as stored and why it could not be decoded."""
+    job = job_from_row(row, None)
 
     def plain(value: Any) -> Any:
         return value.isoformat() if isinstance(value, datetime) else value
 
     data = {f.name: plain(getattr(job, f.name)) for f in fields(job)}
     data["errors"] = [{k: plain(v) for k, v in entry.items()} for entry in job.errors]
+    text = row[FIELD["payload"]]
+    try:
+        payload = decode_payload(text)
+    except ValueError as exc:
+        data.update(payload=None, stored_payload=text, payload_error=str(exc))
+        return data
     data["payload"] = place = hole()
-    payloads[place] = job.payload
+    payloads[place] = payload
     return data
 
 
-def _dumps(jobs: list[Job] | Job) -> str:
-    """One job, or a list of them, as ``json.dumps(..., indent=2)`` writes them, with
+def _dumps(rows: list[tuple[Any, ...]] | tuple[Any, ...]) -> str:
+    """One job row, or a list of them, as ``json.dumps(..., indent=2)`` writes them, with
     payloads as deep as enqueue accepts (``_json_shown``)."""
     payloads: dict[str, Any] = {}
-    document = [_json(j, payloads) for j in jobs] if isinstance(jobs, list) else _json(jobs, payloads)
+    document = [_json(r, payloads) for r in rows] if isinstance(rows, list) else _json(rows, payloads)
     return indented(with_payloads(document, payloads))
 
 
 def run_list(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
-        jobs = listed_queue(store, args.queue).dead_jobs(limit=args.limit, before_id=args.before)
+        # rows: the list needs no payload, and one that is not JSON must not hide the others
+        rows = listed_queue(store, args.queue)._dead_rows(args.limit, args.before)
     finally:
         store.close()
     if args.json:
-        print(_dumps(jobs))
+        print(_dumps(rows))
         return 0
-    for j in jobs:
+    for j in (job_from_row(r, None) for r in rows):
         died = j.died_at.isoformat(timespec="seconds") if j.died_at else "-"
         # the handler's message escaped: its tabs and newlines cannot make columns or lines
         print(f"{j.id}\t{died}\tattempts={j.attempts}/{j.max_attempts}\t{shown(j.last_error)}")
-    if not jobs:
+    if not rows:
         print("(no dead jobs)")
     return 0
 
@@ -77,13 +88,13 @@ def run_list(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
-        job = store.get_job(args.job_id)
+        row = store._job_row(args.job_id)
     finally:
         store.close()
-    if job is None:
+    if row is None:
         print(f"no job {args.job_id}")
         return 1
-    print(_dumps(job))
+    print(_dumps(row))
     return 0
 
 

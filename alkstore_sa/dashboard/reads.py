@@ -73,11 +73,7 @@ def stored_job(store: Store, job_id: int) -> tuple[Job, str] | None:
     """The job with this id, live or dead, without its payload decoded (``payload``
     None), and its payload as stored; None when there is none. What the job page and the
     actions read: a payload that is not JSON must not keep them from a job."""
-    store._check_open()
-    if not v.in_int64(job_id):
-        return None
-    with store.executor(retry=True) as ex:  # a read
-        row = store.backend.get_job(ex, {"id": job_id}, by_queue=False)
+    row = store._job_row(job_id)
     return None if row is None else (job_from_row(row, None), row[FIELD["payload"]])
 
 

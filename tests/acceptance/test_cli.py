@@ -274,6 +274,29 @@ def test_dead_show_and_list_print_the_deepest_payload_accepted(cli: Cli) -> None
     assert f'"payload":{nested},' in listed and listed.startswith("[{") and listed.endswith("}]")
 
 
+def test_dead_list_and_show_a_job_whose_stored_payload_is_not_json(cli: Cli) -> None:
+    """A worker fails a job whose stored payload is not JSON (a row edited by hand) and
+    says: fix the row and requeue it. ``dead list`` and ``dead show`` find it, the JSON
+    forms with ``payload`` null and the text as stored (they failed with
+    "unexpected error: JSONDecodeError", so the row could not even be found)."""
+    s = cli.install()
+    q = s.queue("bad", max_attempts=1)
+    job_id, good = q.enqueue({"a": 1}), q.enqueue({"b": 2})
+    for h in q.claim_batch("w", 2):
+        assert h.fail("boom")
+    table = f'"{cli.schema}"."alkstore_dead_jobs"' if cli.kind == "postgresql" else "alkstore_dead_jobs"
+    with sa.create_engine(cli.url).begin() as conn:
+        conn.execute(sa.text(f"UPDATE {table} SET payload = '{{broken' WHERE id = :id"), {"id": job_id})
+    lines = cli.ok("dead", "list", "--queue", "bad").splitlines()
+    assert [int(line.split("\t")[0]) for line in lines] == [good, job_id]
+    listed = json.loads(cli.ok("dead", "list", "--queue", "bad", "--json"))
+    assert [(j["id"], j["payload"], j.get("stored_payload")) for j in listed] == [
+        (good, {"b": 2}, None), (job_id, None, "{broken"),
+    ]
+    shown = json.loads(cli.ok("dead", "show", str(job_id)))
+    assert shown["payload"] is None and shown["stored_payload"] == "{broken" and shown["payload_error"]
+
+
 def test_dead_requeue_of_a_job_whose_unique_key_is_held_says_it_was_not_requeued(cli: Cli) -> None:
     """A dead job whose unique key a live job holds is not requeued (SPEC §14: nothing is
     written, the dead row stays): the command must say so and exit 1, not print
