@@ -34,23 +34,37 @@ def compact(value: Any, *, ensure_ascii: bool = True, sort_keys: bool = False) -
 def indented(text: str, indent: int = 2) -> str:
     """Compact JSON text laid out as ``json.dumps(..., indent=indent)`` lays it out, at
     any depth (a loop, no recursion)."""
+    laid_out = indented_within(text, None, indent)
+    assert laid_out is not None  # no limit
+    return laid_out
+
+
+def indented_within(text: str, limit: int | None, indent: int = 2) -> str | None:
+    """``indented``, or None once the result would be longer than ``limit``: each line
+    is indented as deep as it is nested, so a small, deeply nested payload can lay out
+    thousands of times larger."""
     out: list[str] = []
+    size = 0
     level = 0
     pad = " " * indent
     for m in _TOKEN.finditer(text):
         token = m.group()
         if token in ("{", "["):
             level += 1
-            out.append(token + "\n" + pad * level)
+            piece = token + "\n" + pad * level
         elif token in ("}", "]"):
             level -= 1
-            out.append("\n" + pad * level + token)
+            piece = "\n" + pad * level + token
         elif token == ",":
-            out.append(",\n" + pad * level)
+            piece = ",\n" + pad * level
         elif token == ":":
-            out.append(": ")
+            piece = ": "
         else:
-            out.append(token)
+            piece = token
+        size += len(piece)
+        if limit is not None and size > limit:
+            return None
+        out.append(piece)
     return "".join(out)
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from .._json_shown import compact, indented
+from .._json_shown import compact, indented_within
 from .csrf import FIELD
 from .http import Request, Response
 from .target import own_url
@@ -86,9 +86,22 @@ def _utf8_json(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def pretty_json(payload: Any) -> str:
-    # as deep as enqueue accepts, under the server's frames: see _json_shown
-    return _utf8_json(indented(compact(payload, ensure_ascii=False, sort_keys=True)))
+PRETTY_MAX = 1 << 21  # characters of a laid-out payload; a longer one is shown compact
+
+
+def payload_html(payload: Any) -> str:
+    """A payload's JSON laid out in a ``<pre>`` (as deep as enqueue accepts, under the
+    server's frames: see ``_json_shown``), or compact when laid out it would be over
+    PRETTY_MAX: indenting a deeply nested payload of a few hundred kB makes hundreds of MB."""
+    text = compact(payload, ensure_ascii=False, sort_keys=True)
+    pretty = indented_within(text, PRETTY_MAX)
+    note = ""
+    if pretty is None:
+        note = (
+            f'<p id="payload-note">shown compact: laid out, this payload would be over '
+            f"{PRETTY_MAX // (1 << 20)} MiB</p>"
+        )
+    return f'{note}<pre id="payload">{esc(_utf8_json(text if pretty is None else pretty))}</pre>'
 
 
 def preview(payload: Any, limit: int = 80) -> str:

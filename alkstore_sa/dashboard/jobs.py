@@ -10,7 +10,7 @@ from .._validate import decode_payload
 from ..errors import InvalidOptions
 from ..model import Job
 from ..outbox import listed_queue
-from .html import age, esc, pretty_json, preview_text, seg, url, when
+from .html import age, esc, payload_html, preview_text, seg, url, when
 from .http import Response
 from .queues import describe, pause_button
 from .reads import STATES, Cursor, Page, dead_page, jobs_page, stored_job
@@ -166,7 +166,7 @@ def _payload(text: str) -> str:
             f'<p class="error" id="payload-error">the stored payload is not JSON ({esc(exc)}); '
             f'shown as stored</p><pre id="payload">{esc(preview_text(text, len(text)))}</pre>'
         )
-    return f'<pre id="payload">{esc(pretty_json(payload))}</pre>'
+    return payload_html(payload)
 
 
 def job_page(view: View, job_id: int) -> Response | None:

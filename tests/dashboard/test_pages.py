@@ -307,6 +307,27 @@ def test_the_deepest_payload_accepted_is_shown(dash, store: alk.Store, qname: st
     assert r.status == 200 and f'data-job-id="{job_id}"' in r.text and "[" * 70 in r.text
 
 
+def test_a_payload_whose_indented_form_is_huge_is_shown_compact(dash, store: alk.Store, qname: str) -> None:
+    """Indenting multiplies a deeply nested payload: 3,000 numbers 400 levels down (10 kB
+    of JSON) would take 2.4 MB laid out, and a payload within the 1 MiB limit hundreds of
+    MB (a page that could exhaust the dashboard's memory). Past 2 MiB the job page shows
+    the payload compact, and says so."""
+    nested: list[object] = []
+    inner = nested
+    for _ in range(399):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    inner.extend([0] * 3000)
+    job_id = store.queue(qname).enqueue(nested)
+    r = dash.get(f"/jobs/{job_id}")
+    assert r.status == 200 and len(r.text) < 100_000
+    assert 'id="payload-note"' in r.text
+    assert "[" * 400 + "0,0," in r.text.split('<pre id="payload">')[1]
+    small = store.queue(qname).enqueue({"a": [1]})
+    r = dash.get(f"/jobs/{small}")
+    assert 'id="payload-note"' not in r.text and html.escape('"a": [\n    1\n  ]') in r.text
+
+
 def _quote(name: str) -> str:
     from urllib.parse import quote
 
