@@ -108,10 +108,15 @@ def preview(payload: Any, limit: int = 80) -> str:
     return preview_text(compact(payload, ensure_ascii=False), limit)
 
 
+def cut(text: str, limit: int = 300) -> str:
+    """The start of a long text for a list (an error: ``fail()`` stores any length), at
+    most ``limit`` characters; the job page shows it whole."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def preview_text(text: str, limit: int = 80) -> str:
     """The start of a payload's JSON text (as stored, or encoded), cut at ``limit``."""
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
-    return _utf8_json(text)
+    return _utf8_json(cut(text, limit))
 
 
 def hidden(fields: Iterable[tuple[str, object]]) -> str:

@@ -10,7 +10,7 @@ from .._validate import decode_payload
 from ..errors import InvalidOptions
 from ..model import Job
 from ..outbox import listed_queue
-from .html import age, esc, payload_html, preview_text, seg, url, when
+from .html import age, cut, esc, payload_html, preview_text, seg, url, when
 from .http import Response
 from .queues import describe, pause_button
 from .reads import STATES, Cursor, Page, dead_page, jobs_page, stored_job
@@ -103,7 +103,7 @@ def dead_table(view: View, page: Page, *, queue: str | None, show_queue: bool) -
         rows.append(
             f'<tr data-job-id="{j.id}"><td>{check}</td><td>{_job_link(view, j)}</td>{queue_cell}'
             f'<td>{esc(when(j.died_at))}</td><td class="num">{j.attempts}/{j.max_attempts}</td>'
-            f"<td>{esc(j.last_error)}</td><td><code>{esc(preview_text(text))}</code></td><td>{actions}</td></tr>"
+            f"<td>{esc(cut(j.last_error or ''))}</td><td><code>{esc(preview_text(text))}</code></td><td>{actions}</td></tr>"
         )
     cols = len(head)
     body = "".join(rows) or f'<tr><td colspan="{cols}">no dead jobs</td></tr>'
