@@ -163,8 +163,8 @@ def _payload(text: str) -> str:
         payload = decode_payload(text)
     except ValueError as exc:
         return (
-            f'<p class="error" id="payload-error">the stored payload is not JSON ({esc(exc)}); '
-            f'shown as stored</p><pre id="payload">{esc(preview_text(text, len(text)))}</pre>'
+            f'<p class="error" id="payload-error">{esc(exc)}; shown as stored</p>'
+            f'<pre id="payload">{esc(preview_text(text, len(text)))}</pre>'
         )
     return payload_html(payload)
 

@@ -262,6 +262,26 @@ def test_a_schedule_with_the_deepest_payload_accepted_fires_from_any_stack(
     assert job is not None and list_depth(job.payload) == depth
 
 
+def test_a_schedule_whose_stored_payload_is_not_json_keeps_no_other_from_firing(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schedule row edited by hand to a payload that is not JSON cannot fire: it is
+    logged as failing and left due, like any schedule that cannot fire, and the others
+    fire. Its decode error used to end the whole tick (a JSONDecodeError out of tick():
+    no schedule fired, and the runner stopped)."""
+    store.schedule("a-broken", "@every 10s", qname + "-broken", {"a": 1})
+    store.schedule("b-fine", "@every 10s", qname, {"b": 1})
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET payload = '{{oops' WHERE name = 'a-broken'")
+    clock.advance(10)
+    with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
+        assert Scheduler(store).tick() == 1
+    assert [j["payload"] for j in jobs_of(db, qname)] == ['{"b":1}']
+    assert jobs_of(db, qname + "-broken") == []
+    assert any("a-broken" in r.getMessage() and "not JSON" in r.getMessage() for r in caplog.records)
+    fine = db.scalar(f"SELECT next_fire_at FROM {db.table('alkstore_schedules')} WHERE name = 'b-fine'")
+    assert fine == T0 + 20
+
+
 def test_fired_jobs_carry_the_schedules_stamps_over_the_defaults(
     db: Target, store: alk.Store, clock: FakeClock, qname: str
 ) -> None:
