@@ -117,11 +117,13 @@ def fires_due(next_fire_at: float, now: float, interval: float) -> int:
     return math.floor((now - next_fire_at) / interval) + 1
 
 
-def schedule_from_row(row: tuple[Any, ...]) -> Schedule:
+def schedule_from_row(row: tuple[Any, ...], *, decode: bool = True) -> Schedule:
+    """A schedule row as a Schedule; ``decode=False``: its payload is left None (the
+    operator tools show the stored text beside it)."""
     name, spec, interval, queue, payload, priority, max_attempts, expires, next_fire, created, updated, tz = row
     return Schedule(
         name=name, spec=spec, interval=None if interval == CRON_INTERVAL else float(interval), queue=queue,
-        payload=v.decode_payload(payload), priority=priority, max_attempts=max_attempts,
+        payload=v.decode_payload(payload) if decode else None, priority=priority, max_attempts=max_attempts,
         expires=None if expires is None else float(expires), next_fire_at=ts(next_fire),  # type: ignore[arg-type]
         created_at=ts(created), updated_at=ts(updated), tz=tz,  # type: ignore[arg-type]
     )
@@ -200,10 +202,20 @@ class Scheduler:
         """Every schedule, by name in code point order on both engines (the SQL's ORDER BY
         follows PostgreSQL's collation, which a linguistic locale such as en_US.UTF-8 makes
         blind to case and punctuation: names are exact values)."""
+        return [schedule_from_row(r) for r in self._rows()]
+
+    def stored(self) -> list[tuple[Schedule, str]]:
+        """Every schedule, by name, its payload not decoded (None) beside the text as
+        stored: what the operator tools list, so that one payload that is not JSON (a row
+        edited by hand) hides no schedule."""
+        return [(schedule_from_row(r, decode=False), r[4]) for r in self._rows()]
+
+    def _rows(self) -> list[tuple[Any, ...]]:
+        """The schedule rows, by name in code point order (see ``schedules``)."""
         self.store._check_open()
         with self.store.executor() as ex:
             rows = self.store.backend.schedule_list(ex, {}, due=False)
-        return sorted((schedule_from_row(r) for r in rows), key=lambda s: s.name)
+        return sorted(rows, key=lambda r: r[0])
 
     # -- ticking -------------------------------------------------------------------------
 

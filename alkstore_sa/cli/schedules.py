@@ -6,7 +6,9 @@ import argparse
 import json
 import logging
 from datetime import datetime
+from typing import Any
 
+from .._validate import decode_payload
 from ..cron import zone
 from ..errors import AlkstoreError, LeadershipLost
 from ..model import Schedule
@@ -30,24 +32,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run_list(args: argparse.Namespace) -> int:
     store = open_store(args)
     try:
-        schedules = store.schedules()
+        # as stored: one payload that is not JSON (a row edited by hand) hides no schedule
+        schedules = store._scheduler().stored()
     finally:
         store.close()
     if args.json:
-        print(json.dumps([
-            {"name": s.name, "spec": s.spec, "tz": s.tz, "queue": s.queue, "payload": s.payload,
-             "priority": s.priority, "max_attempts": s.max_attempts, "expires": s.expires,
-             "next_fire_at": s.next_fire_at.isoformat(), "next_fire_local": local_next(s).isoformat()}
-            for s in schedules
-        ], indent=2))
+        print(json.dumps([_json(s, text) for s, text in schedules], indent=2))
         return 0
-    for s in schedules:
+    for s, _ in schedules:
         where = "" if s.tz == "UTC" else f" ({shown(s.tz)})"
         fields = (shown(s.name), shown(s.spec), f"-> {shown(s.queue)}", f"next {local_next(s).isoformat(timespec='seconds')}{where}")
         print("\t".join(fields))
     if not schedules:
         print("(no schedules)")
     return 0
+
+
+def _json(s: Schedule, text: str) -> dict[str, Any]:
+    """A schedule's fields; a stored payload that is not JSON is null, with the text as
+    stored and why it could not be decoded."""
+    data: dict[str, Any] = {"name": s.name, "spec": s.spec, "tz": s.tz, "queue": s.queue}
+    try:
+        data["payload"] = decode_payload(text)
+    except ValueError as exc:
+        data.update(payload=None, stored_payload=text, payload_error=str(exc))
+    data.update(
+        priority=s.priority, max_attempts=s.max_attempts, expires=s.expires,
+        next_fire_at=s.next_fire_at.isoformat(), next_fire_local=local_next(s).isoformat(),
+    )
+    return data
 
 
 def local_next(s: Schedule) -> datetime:

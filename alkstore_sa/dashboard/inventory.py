@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .html import esc, preview, when
+from .html import esc, preview_text, when
 from .http import Response
 from .reads import stream_rows
 from .view import View
@@ -24,8 +24,8 @@ def schedules_page(view: View) -> Response:
     rows = (
         f'<tr data-schedule="{esc(s.name)}">'
         + _cells((s.name, s.spec, s.tz, s.queue, when(s.next_fire_at), s.priority))
-        + f"<td><code>{esc(preview(s.payload))}</code></td></tr>"
-        for s in view.store.schedules()
+        + f"<td><code>{esc(preview_text(text))}</code></td></tr>"
+        for s, text in view.store._scheduler().stored()
     )
     head = ("name", "spec", "time zone", "queue", "next fire (UTC)", "priority", "payload")
     return view.page("Schedules", _table("schedules", head, rows, "no schedules"))

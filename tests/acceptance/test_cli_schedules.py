@@ -112,6 +112,22 @@ def test_schedules_json(db: Target, registered: alk.Store) -> None:
     assert [s.name for s in registered.schedules()] == [d["name"] for d in json.loads(out.stdout)]
 
 
+def test_schedules_lists_one_whose_stored_payload_is_not_json(db: Target, registered: alk.Store) -> None:
+    """A schedule row edited by hand to a payload that is not JSON: ``schedules`` lists it
+    with the others, and ``--json`` gives its payload as null with the text as stored
+    (both failed with "unexpected error: JSONDecodeError")."""
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET payload = '{{oops' WHERE name = 'nightly'")
+    out = cli("schedules", *db_args(db))
+    assert out.returncode == 0, out.stderr
+    assert [line.split("\t")[0] for line in out.stdout.splitlines()] == ["café-ticker", "maintenance", "nightly"]
+    out = cli("schedules", "--json", *db_args(db))
+    assert out.returncode == 0, out.stderr
+    listed = {d["name"]: d for d in json.loads(out.stdout)}
+    assert listed["nightly"]["payload"] is None and listed["nightly"]["stored_payload"] == "{oops"
+    assert "payload_error" in listed["nightly"] and listed["maintenance"]["payload"] == {"queues": ["emails", "reports"]}
+    assert "stored_payload" not in listed["maintenance"]
+
+
 def test_schedules_reads_the_environment(db: Target, registered: alk.Store) -> None:
     env = env_without_database()
     env["ALKSTORE_DATABASE_URL"] = db.url

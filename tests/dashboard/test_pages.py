@@ -137,6 +137,23 @@ def test_a_stored_payload_that_is_not_json_is_shown_as_stored(dash, db: Target, 
     assert q.stats() == alk.QueueStats(0, 0, 0, 0, None)
 
 
+def test_a_schedule_whose_stored_payload_is_not_json_is_listed_as_stored(
+    dash, db: Target, store: alk.Store, qname: str
+) -> None:
+    """One schedule row edited by hand to a payload that is not JSON made the schedules
+    page answer 500 for every schedule; it lists that payload as stored."""
+    store.schedule(f"{qname}-broken", "@every 1h", qname, {"a": 1})
+    store.schedule(f"{qname}-fine", "@every 1h", qname, {"b": 2})
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET payload = '{{oops' WHERE name = :n", n=f"{qname}-broken")
+    try:
+        r = dash.get("/schedules")
+    finally:  # tests of one PostgreSQL module share the schedules table
+        store.unschedule(f"{qname}-broken")
+    assert r.status == 200
+    assert "{oops" in row_of(r.text, "data-schedule", f"{qname}-broken")
+    assert html.escape('{"b":2}') in row_of(r.text, "data-schedule", f"{qname}-fine")
+
+
 def test_dead_page_every_queue_and_filter(dash, store: alk.Store, qname: str) -> None:
     a = seed(store, qname + "-a", ready=0, scheduled=0, processing=0, dead=2)
     b = seed(store, qname + "-b", ready=0, scheduled=0, processing=0, dead=1)
