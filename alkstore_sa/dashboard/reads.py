@@ -110,9 +110,9 @@ def jobs_page(store: Store, queue: str, state: str, cursor: Cursor = Cursor(), l
     if state in ("ready", "scheduled") and resume:
         priority, run_at = cursor.priority, cursor.run_at
         if priority is None or run_at is None:  # a hand-made ?after=ID: where that job stands
-            job = store.get_job(_bound(cursor.after, 0))
-            resume = job is not None
-            priority, run_at = (job.priority, job.run_at.timestamp()) if job is not None else (0, 0.0)
+            row = store._job_row(_bound(cursor.after, 0))
+            resume = row is not None
+            priority, run_at = (row[FIELD["priority"]], float(row[FIELD["run_at"]])) if row is not None else (0, 0.0)
         params.update(priority=v.int32(priority, "priority"), run_at=run_at)
     with store.executor(retry=True) as ex:  # a read
         if state == "dead":

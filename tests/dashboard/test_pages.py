@@ -121,10 +121,12 @@ def test_a_stored_payload_that_is_not_json_is_shown_as_stored(dash, db: Target, 
     for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
         db.execute(f"UPDATE {db.table(table)} SET payload = :p WHERE id = :id", p="{'<not json>", id=job_id)
     shown = html.escape("{'<not json>")
-    for path in (f"/queues/{qname}", "/dead", f"/queues/{qname}?state=dead", f"/jobs/{live}", f"/jobs/{dead}"):
+    pages = (f"/queues/{qname}", "/dead", f"/queues/{qname}?state=dead", f"/jobs/{live}", f"/jobs/{dead}")
+    for path in pages:
         r = dash.get(path)
         assert r.status == 200 and shown in r.text, path
     assert 'id="payload-error"' in dash.get(f"/jobs/{live}").text
+    assert dash.get(f"/queues/{qname}?after={live}").status == 200  # a page starting at it
     token = dash.get("/").token()
     assert dash.post(f"/jobs/{live}/cancel", {"csrf_token": token}).status == 303
     assert dash.post("/dead/requeue", {"csrf_token": token, "id": dead}).status == 303
