@@ -12,7 +12,7 @@ from . import _validate as v
 from ._backends.queue_ops import Requeued
 from ._backoff import backoff_delay
 from ._rows import FIELD, NO_PAYLOAD, job_from_row, sort_claim_order
-from .errors import HandleConsumed, InvalidOptions
+from .errors import HandleConsumed, InvalidOptions, PayloadError
 from .model import Job, QueueSettings, QueueStats, SweepResult
 from .schema import JOB_FIELDS
 
@@ -489,6 +489,15 @@ class JobHandle:
         if self._job is None:
             self._job = job_from_row(self._row, self._payload)
         return self._job
+
+    def _described(self) -> Job:
+        """The job as claimed, for what needs only its fields (the worker's span of an
+        execution): ``job``, or with payload None when its stored payload cannot be decoded
+        (a row edited by hand, which the worker fails)."""
+        try:
+            return self.job
+        except PayloadError:
+            return job_from_row(self._row, None)
 
     @property
     def id(self) -> int:

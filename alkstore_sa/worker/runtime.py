@@ -335,7 +335,7 @@ def _traced(tracer: _tracing.Tracer, works: list[Work]) -> None:
         if "task" in w.context:
             attributes["alkstore.task"] = w.context["task"]
         try:
-            span = tracer.process(w.job, attributes)
+            span = tracer.process(w.handle._described(), attributes)  # a payload that is not JSON too
         except Exception:  # noqa: BLE001 - logged; the job runs without its span
             log.warning("job %s: its trace span could not be opened; it runs untraced", w.handle.id,
                         extra=w.context, exc_info=True)

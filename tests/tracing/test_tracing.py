@@ -453,6 +453,26 @@ def test_a_malformed_stored_context_is_no_link_and_never_stops_the_worker(
     assert len(processed[str(fine)].links) == 1
 
 
+def test_a_job_whose_stored_payload_is_not_json_is_traced_failing(
+    spans: InMemorySpanExporter, db: Target, store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job whose payload text is not JSON (a row edited by hand) is failed by the worker;
+    its execution has its CONSUMER span, linked to its enqueue, ending in error. Opening
+    the span decoded the payload, so the job went untraced, and the log blamed the tracer
+    ("its trace span could not be opened", with a traceback)."""
+    q = store.queue(qname)
+    job_id = q.enqueue({"a": 1})
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET payload = '{{oops' WHERE id = :i", i=job_id)
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        run_burst(store, qname, lambda job: None)
+    assert q.stats().dead == 1
+    assert not [r for r in caplog.records if "trace span" in r.getMessage()]
+    (span,) = named(spans, f"process {qname}")
+    assert (span.attributes or {})["messaging.message.id"] == str(job_id)
+    assert (span.attributes or {})["alkstore.outcome"] == "dead" and span.status.status_code is StatusCode.ERROR
+    assert linked_to(span) == [ids_of(named(spans, f"send {qname}")[0])]
+
+
 class _BrokenTracer:
     """An application's tracer that fails to start spans (a misconfigured SDK)."""
 
