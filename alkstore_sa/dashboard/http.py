@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from http import HTTPStatus
-from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qs
 
 MAX_BODY = 1 << 20  # a form of ids is small; anything bigger is refused (413)
@@ -44,12 +43,20 @@ class Request:
 
     @cached_property
     def cookies(self) -> dict[str, str]:
-        jar: SimpleCookie = SimpleCookie()
-        try:
-            jar.load(self.headers.get("cookie", ""))
-        except CookieError:
-            return {}
-        return {k: m.value for k, m in jar.items()}
+        """The cookies sent, by name (the first of a name: browsers send the cookie of the
+        most specific path first). Read pair by pair: the browser sends the host
+        application's cookies too, and ``http.cookies`` drops the whole header at one it
+        cannot parse (a space, a JSON value), this app's own cookie with it."""
+        jar: dict[str, str] = {}
+        for pair in self.headers.get("cookie", "").split(";"):
+            name, sep, value = pair.partition("=")
+            name, value = name.strip(), value.strip()
+            if not sep or not name or name in jar:
+                continue
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            jar[name] = value
+        return jar
 
     def arg(self, name: str) -> str | None:
         """The first value of a query parameter, or None."""

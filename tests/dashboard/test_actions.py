@@ -12,6 +12,8 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa.dashboard import actions
+from alkstore_sa.dashboard.app import Dashboard
+from alkstore_sa.dashboard.http import Request
 from tests.dashboard.conftest import HOST, WsgiBrowser
 from tests.dashboard.seed import Seeded, seed
 
@@ -320,6 +322,32 @@ def test_same_origin_headers_are_accepted(dash, store: alk.Store, qname: str) ->
     headers = {"Origin": f"http://{HOST}", "Sec-Fetch-Site": "same-origin"}
     assert dash.post(f"/queues/{qname}/pause", {"csrf_token": token}, headers=headers).status == 303
     assert store.queue(qname).settings().paused is True
+
+
+def test_the_csrf_cookie_is_read_beside_cookies_http_cookies_cannot_parse(store: alk.Store, qname: str) -> None:
+    """The browser sends every cookie of the host, the application's own too: one that
+    ``http.cookies`` cannot parse (a space, a JSON value) made it drop the whole header,
+    the dashboard's cookie with it, so every action was refused as "missing CSRF token"
+    (and every page set a new cookie)."""
+    store.queue(qname).enqueue(1)
+    app = Dashboard(store)
+    first = app(Request("GET", "/", "", headers={"host": HOST}))
+    cookie = dict(first.headers)["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', first.body.decode()).group(1)  # type: ignore[union-attr]
+    for jar in (
+        f'cart={{"items":[1,2]}}; alkstore_dashboard_csrf={cookie}',
+        f"alkstore_dashboard_csrf={cookie}; greeting=hello world",
+        f'theme="dark; alkstore_dashboard_csrf={cookie}',
+    ):
+        page = app(Request("GET", "/", "", headers={"host": HOST, "cookie": jar}))
+        assert "Set-Cookie" not in dict(page.headers), jar
+        r = app(Request(
+            "POST", f"/queues/{qname}/pause", "", body=f"csrf_token={token}".encode(),
+            headers={"host": HOST, "cookie": jar, "content-type": "application/x-www-form-urlencoded"},
+        ))
+        assert r.status == 303, (jar, r.body)
+        assert store.queue(qname).settings().paused is True
+        store.queue(qname).resume()
 
 
 def test_csrf_cookie_attributes(dash) -> None:
