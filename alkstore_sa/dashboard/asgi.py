@@ -41,7 +41,11 @@ def request_from_scope(scope: Scope, body: bytes) -> Request:
     for raw_name, raw_value in scope.get("headers") or []:
         name = raw_name.decode("latin-1").lower()
         value = raw_value.decode("latin-1")
-        headers[name] = f"{headers[name]}, {value}" if name in headers and name != "cookie" else value
+        if name in headers:
+            # repeated fields join with ","; cookies, which HTTP/2 sends one per field
+            # (RFC 9113 8.2.3), with "; " as in one Cookie header
+            value = headers[name] + ("; " if name == "cookie" else ", ") + value
+        headers[name] = value
     return Request(
         method=str(scope.get("method", "GET")).upper(),
         path=path or "/",

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
 import pytest
 
 import alkstore_sa as alk
-from alkstore_sa.dashboard import actions
+from alkstore_sa.dashboard import actions, create_app
 from alkstore_sa.dashboard.app import Dashboard
 from alkstore_sa.dashboard.http import Request
 from tests.dashboard.conftest import HOST, WsgiBrowser
@@ -348,6 +349,41 @@ def test_the_csrf_cookie_is_read_beside_cookies_http_cookies_cannot_parse(store:
         assert r.status == 303, (jar, r.body)
         assert store.queue(qname).settings().paused is True
         store.queue(qname).resume()
+
+
+def test_asgi_cookies_split_over_several_headers_are_all_read(store: alk.Store, qname: str) -> None:
+    """HTTP/2 clients send each cookie as a header of its own (RFC 9113 8.2.3), and ASGI
+    servers pass them on as they came: the adapter kept only the last one, so the CSRF
+    cookie was lost whenever another came after it, and every action was refused."""
+    import asyncio
+
+    store.queue(qname).enqueue(1)
+    app = create_app(store)
+
+    def call(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes = b"") -> dict[str, Any]:
+        scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
+                 "headers": [(b"host", HOST.encode()), *headers], "scheme": "http"}
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        asyncio.run(app(scope, receive, send))
+        start, content = sent
+        return {"status": start["status"], "headers": dict(start["headers"]), "body": content["body"].decode()}
+
+    first = call("GET", "/", [])
+    cookie = first["headers"][b"set-cookie"].split(b";")[0]
+    token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', first["body"]).group(1)  # type: ignore[union-attr]
+    r = call("POST", f"/queues/{qname}/pause", [
+        (b"cookie", cookie), (b"cookie", b"theme=dark"),
+        (b"content-type", b"application/x-www-form-urlencoded"),
+    ], f"csrf_token={token}".encode())
+    assert r["status"] == 303, r["body"]
+    assert store.queue(qname).settings().paused is True
 
 
 def test_csrf_cookie_attributes(dash) -> None:
