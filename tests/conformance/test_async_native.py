@@ -420,3 +420,53 @@ def test_the_sync_session_of_an_async_session_names_the_async_function(
     assert asyncio.run(scenario()) == 1
     if driver == "aiosqlite":
         target.engine.dispose()
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg_async"])
+@pytest.mark.parametrize("then", ["commit", "another call, then commit"])
+def test_a_call_cancelled_mid_statement_never_leaves_a_commit_that_writes_nothing(
+    _pg_module_target: Target, driver: str, then: str
+) -> None:
+    """``asyncio.timeout`` around an ``aenqueue`` that waits in the database (on a
+    ``unique_key`` held by another open transaction) cancels it mid-statement: the caller's
+    transaction is then lost with it, so the caller's COMMIT raises instead of succeeding
+    with the caller's earlier rows silently gone (SPEC §13) — and after a rollback the
+    session works again."""
+    target = _pg_module_target
+    name = _qname()
+
+    async def scenario(store: alk.Store) -> tuple[list[int], BaseException | None]:
+        engine = create_async_engine(async_url(driver, target))
+        store.register(engine)
+        holder = target.engine.connect()
+        try:
+            alk.enqueue(holder, store.queue(name), "holder", unique_key="k")
+            async with AsyncSession(engine) as session:
+                await alk.aenqueue(session, name, "before")
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.2):  # the call waits until the holder ends
+                        await alk.aenqueue(session, name, "waits", unique_key="k")
+                holder.rollback()
+                if then != "commit":
+                    with pytest.raises(alk.DatabaseError):
+                        await alk.aenqueue(session, name, "after")
+                refused: BaseException | None = None
+                try:
+                    await session.commit()
+                except Exception as exc:  # noqa: BLE001 - asserted by the caller
+                    refused = exc
+                await session.rollback()
+                kept = [await alk.aenqueue(session, name, "again")]
+                await session.commit()
+            return kept, refused
+        finally:
+            holder.close()
+            await engine.dispose()
+
+    with target.store() as store:
+        kept, refused = asyncio.run(scenario(store))
+        assert refused is not None, "the commit of the lost transaction succeeded"
+        q = store.queue(name)
+        assert q.stats().pending == 1
+        job = q.get_job(kept[0])
+        assert job is not None and job.payload == "again"
