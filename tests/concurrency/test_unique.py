@@ -46,9 +46,10 @@ def _live(db: Target, queue: str) -> dict[int, tuple[str, int]]:
 
 @pytest.mark.slow
 def test_one_live_job_per_key(db: Target, qname: str, tmp_path: Path) -> None:
-    """Four processes enqueue in callers' transactions (five keys each) while four enqueue
-    each key in its own transaction: the two forms wait on each other through the index."""
-    modes = ["callers", "own"] * (PROCS // 2)
+    """Three processes enqueue in callers' transactions (five keys each), two more in
+    AsyncSessions (asyncpg / aiosqlite), while three enqueue each key in its own
+    transaction: the forms wait on each other through the index."""
+    modes = ["callers", "own", "async", "callers", "own", "async", "callers", "own"]
     specs = _specs(db, qname, modes, _rendezvous(tmp_path), PROCS)
     results = harness.run(unique_workers.enqueue_keys, specs, tmp_path, timeout=180)
 
@@ -66,11 +67,11 @@ def test_one_live_job_per_key(db: Target, qname: str, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_keys_freed_and_taken_while_enqueueing(db: Target, qname: str, tmp_path: Path) -> None:
-    """Six enqueuers (own and callers' transactions) and two processes acking the queue's
+    """Six enqueuers (own, callers' and async callers' transactions) and two processes acking the queue's
     jobs: at most one live job per key at the end, and every id a call returned was a job
     of that call's key (live now, or acked with that key)."""
     rendezvous = _rendezvous(tmp_path)
-    specs = _specs(db, qname, ["own", "callers"] * 3, rendezvous, PROCS)
+    specs = _specs(db, qname, ["own", "callers", "async"] * 2, rendezvous, PROCS)
     ackers = [
         {
             "url": db.url, "schema": db.schema, "queue": qname, "worker_id": f"acker-{i}", "seconds": 4.0,

@@ -4,12 +4,15 @@ and acks those jobs meanwhile (freeing keys while the others enqueue them)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
@@ -36,7 +39,8 @@ def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
     ``[key, returned id]`` per call. ``mode`` "own": one enqueue per call in its own
     transaction; "callers": sessions of up to ``group`` keys, each taken in key order (two
     transactions waiting on each other's keys in opposite orders would be a deadlock the
-    caller made, not one this test is about)."""
+    caller made, not one this test is about); "async": the same through ``alk.aenqueue`` in
+    AsyncSessions of an asyncpg or aiosqlite engine (statements compiled for that driver)."""
     store = alk.Store(spec["url"], schema=spec["schema"])
     try:
         q = store.queue(spec["queue"])
@@ -55,6 +59,8 @@ def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
                 time.sleep(pace)
             return out
         group = spec["group"]
+        if spec["mode"] == "async":
+            return asyncio.run(_aenqueue_keys(store, spec, keys))
         for i in range(0, len(keys), group):
             chunk = sorted(keys[i : i + group])
             with Session(store.engine) as session, session.begin():
@@ -64,6 +70,26 @@ def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
         return out
     finally:
         store.close()
+
+
+async def _aenqueue_keys(store: alk.Store, spec: dict[str, Any], keys: list[str]) -> list[list[Any]]:
+    url = sa.make_url(spec["url"])
+    url = url.set(drivername="sqlite+aiosqlite" if url.get_backend_name() == "sqlite" else "postgresql+asyncpg")
+    engine = create_async_engine(url)
+    store.register(engine)
+    q = store.queue(spec["queue"])
+    group = spec["group"]
+    out: list[list[Any]] = []
+    try:
+        for i in range(0, len(keys), group):
+            chunk = sorted(keys[i : i + group])
+            async with AsyncSession(engine) as session, session.begin():
+                ids = [await alk.aenqueue(session, q, {"key": k, "pid": os.getpid()}, unique_key=k) for k in chunk]
+            out += [[k, job_id] for k, job_id in zip(chunk, ids, strict=True)]
+            await asyncio.sleep(PACE_PER_KEY * len(chunk))
+        return out
+    finally:
+        await engine.dispose()
 
 
 def ack_while_enqueued(spec: dict[str, Any]) -> list[list[Any]]:
