@@ -7,10 +7,13 @@ Each function takes one JSON-able ``spec`` dict, builds its OWN ``alk.Store(url,
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
@@ -25,7 +28,11 @@ def publish_slowly(spec: dict[str, Any]) -> dict[str, Any]:
     every ``own_tx_every``-th goes through ``Stream.publish`` (its own transaction) instead.
     Reports what committed and what rolled back, with the offset each publish returned,
     and how long each call to publish took (a long one waited for another publisher).
+    With ``spec["async"]`` the caller's transactions are AsyncSessions (asyncpg or
+    aiosqlite) publishing through ``alk.apublish``.
     """
+    if spec.get("async"):
+        return asyncio.run(_apublish_slowly(spec))
     store = alk.Store(spec["url"], schema=spec["schema"])
     rng = random.Random(spec["seed"])
     name, who = spec["stream"], spec["publisher"]
@@ -55,6 +62,45 @@ def publish_slowly(spec: dict[str, Any]) -> dict[str, Any]:
             time.sleep(rng.uniform(0.0, spec["max_gap"]))  # between transactions
         return {"publisher": who, "committed": committed, "rolled_back": rolled_back, "waits": waits}
     finally:
+        store.close()
+
+
+async def _apublish_slowly(spec: dict[str, Any]) -> dict[str, Any]:
+    """``publish_slowly`` through ``alk.apublish`` in AsyncSessions."""
+    store = alk.Store(spec["url"], schema=spec["schema"])
+    url = sa.make_url(spec["url"])
+    url = url.set(drivername="sqlite+aiosqlite" if url.get_backend_name() == "sqlite" else "postgresql+asyncpg")
+    engine = create_async_engine(url)
+    store.register(engine)
+    rng = random.Random(spec["seed"])
+    name, who = spec["stream"], spec["publisher"]
+    committed: list[list[Any]] = []
+    rolled_back: list[list[Any]] = []
+    waits: list[float] = []
+    try:
+        st = store.stream(name)
+        for i in range(spec["count"]):
+            payload = {"publisher": who, "i": i}
+            began = time.monotonic()
+            if spec["own_tx_every"] and i % spec["own_tx_every"] == spec["own_tx_every"] - 1:
+                offset = await asyncio.to_thread(st.publish, payload)
+                waits.append(time.monotonic() - began)
+                committed.append([offset, payload])
+            else:
+                async with AsyncSession(engine) as session:
+                    offset = await alk.apublish(session, name, payload)
+                    waits.append(time.monotonic() - began)
+                    await asyncio.sleep(rng.uniform(0.0, spec["max_hold"]))  # inside the transaction
+                    if i % spec["rollback_every"] == spec["rollback_offset"]:
+                        await session.rollback()
+                        rolled_back.append([offset, payload])
+                    else:
+                        await session.commit()
+                        committed.append([offset, payload])
+            await asyncio.sleep(rng.uniform(0.0, spec["max_gap"]))  # between transactions
+        return {"publisher": who, "committed": committed, "rolled_back": rolled_back, "waits": waits}
+    finally:
+        await engine.dispose()
         store.close()
 
 

@@ -2,7 +2,8 @@
 
 Four spawned publisher processes publish into one stream at once, each event in its own
 transaction that sleeps a random while between ``alk.publish`` and its commit (some roll
-back; a few go through ``Stream.publish``'s own transaction). That is the out-of-order-commit
+back; a few go through ``Stream.publish``'s own transaction; two of the four publish through
+``alk.apublish`` in AsyncSessions of asyncpg or aiosqlite). That is the out-of-order-commit
 hazard: were offsets taken from a plain sequence, offset n+1 could commit while n is still
 open, and a reader polling ``read(after=last_seen)`` would pass n for good. Two reader
 processes poll continuously, recording every offset in the order they saw it.
@@ -44,6 +45,7 @@ def test_a_reader_never_skips_an_event(db: Target, tmp_path, request) -> None:
             "count": PER_PUBLISHER, "seed": 7000 + p, "max_hold": MAX_HOLD, "max_gap": MAX_GAP,
             "rollback_every": ROLLBACK_EVERY, "rollback_offset": p % ROLLBACK_EVERY,
             "own_tx_every": OWN_TX_EVERY,
+            "async": p % 2 == 1,  # half of them through alk.apublish in AsyncSessions
         }
         for p in range(PUBLISHERS)
     ]
