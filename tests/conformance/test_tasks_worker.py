@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -1034,6 +1034,35 @@ def test_a_long_async_task_is_heartbeated(dbstore: alk.Store, qname: str) -> Non
         wait_for(lambda: q.get_job(job_id) is None, "the ack")
         r.stop_and_join()
     assert attempts == [1]
+
+
+def test_an_async_task_blocking_the_event_loop_keeps_its_claim(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    """docs/worker.md: heartbeats run on their own thread, so an ``async def`` task that
+    blocks the worker's loop with sync code (here a sync wait) still has its claim extended
+    meanwhile, and is acked once it returns."""
+    tasks = alk.Tasks()
+    blocking, release = threading.Event(), threading.Event()
+
+    @tasks.task(queue=qname, name="blocks", visibility_timeout=1.0)
+    async def blocks() -> None:
+        blocking.set()
+        release.wait(WAIT)  # sync: nothing else runs on the loop meanwhile
+
+    job_id = blocks.enqueue(store)
+    q = store.queue(qname)
+    with running(alk.Worker(store, tasks, concurrency=1, poll_interval=0.2)) as r:
+        wait_for(blocking.is_set, "the task to block the loop")
+        clock.advance(0.5)  # within the claim: a heartbeat now moves its deadline to now + 1 s
+        extended = datetime.fromtimestamp(clock() + 1.0, timezone.utc)
+
+        def heartbeated() -> bool:
+            job = q.get_job(job_id)
+            return job is not None and job.claim_expires_at == extended
+
+        wait_for(heartbeated, "a heartbeat while the loop is blocked")
+        release.set()
+        wait_for(lambda: q.get_job(job_id) is None, "the ack")
+        r.stop_and_join()
 
 
 def test_a_lost_claim_of_an_async_task_is_not_acked(
