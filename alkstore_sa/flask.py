@@ -161,6 +161,8 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
     log = logging.getLogger("alkstore_sa")
     if not logging.getLogger().handlers and not log.handlers:  # as `alkstore worker` logs (escaped)
         logging.basicConfig(level=logging.INFO, handlers=[stderr_handler()])
+        if logging.getLogger("alembic").level == logging.NOTSET:  # its INFO is set-up chatter
+            logging.getLogger("alembic").setLevel(logging.WARNING)
     state: _State = app.extensions[f"{EXTENSION}.tasks"]
     store: Store = app.extensions[EXTENSION]
     try:

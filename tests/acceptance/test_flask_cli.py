@@ -168,6 +168,16 @@ def test_flask_alkstore_worker_without_the_tables_names_the_migration(tmp_path: 
     assert "alkstore migrate" in err, err
 
 
+def test_flask_alkstore_worker_without_the_tables_says_only_that(tmp_path: Path) -> None:
+    """As ``alkstore worker``: the one error line is all of stderr (the command logged at
+    INFO from every library, so Alembic's plugin set-up came first, seven lines of it)."""
+    code, out, err = _burst_on(tmp_path, f"sqlite:///{tmp_path / 'empty.db'}")
+    assert code == 2, (out, err)
+    assert [line for line in err.splitlines() if line.strip()] == [
+        line for line in err.splitlines() if "alkstore migrate" in line
+    ], err
+
+
 @pytest.mark.parametrize(
     "argv",
     [["-c", "2", "--concurrency", "3"], ["--worker-id", "a", "--worker-id", "b"], ["--batch-size", "1", "--batch-size", "2"],
