@@ -19,14 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("dead", help="list, show or requeue dead jobs")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = actions.add_parser("list", help="dead jobs of a queue, newest first")
-    ls.add_argument("--queue", "-q", required=True, action=Once, hint="list one queue at a time")
-    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--queue", "-q", required=True, action=Once, hint="list one queue at a time",
+                    help="the queue whose dead jobs to list")
+    ls.add_argument("--limit", type=int, default=20, help="at most this many jobs (default 20)")
     ls.add_argument("--before", type=int, default=None, help="only ids below this (pagination)")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of lines")
     show = actions.add_parser("show", help="one job (live or dead) in full")
     show.add_argument("job_id", type=int)
     requeue = actions.add_parser("requeue", help="enqueue dead jobs afresh (new ids)")
-    requeue.add_argument("--queue", "-q", required=True, action=Once, hint="requeue from one queue at a time")
+    requeue.add_argument("--queue", "-q", required=True, action=Once, hint="requeue from one queue at a time",
+                         help="the queue the dead jobs belong to")
     requeue.add_argument("job_ids", type=int, nargs="+")
     for a in (ls, show, requeue):
         add_database_options(a)

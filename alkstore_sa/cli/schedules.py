@@ -20,11 +20,11 @@ log = logging.getLogger("alkstore_sa")
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ls = sub.add_parser("schedules", help="list the registered schedules")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_database_options(ls)
     ls.set_defaults(func=run_list)
     runner = sub.add_parser("run-schedules", help="fire schedules while leading (run several for failover)")
-    runner.add_argument("--lease", type=float, default=30.0, help="leadership lease in seconds")
+    runner.add_argument("--lease", type=float, default=30.0, help="leadership lease in seconds (default 30)")
     add_database_options(runner)
     runner.set_defaults(func=run_runner)
 

@@ -35,8 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--worker-id", default=None, help="claimant label (default host:pid:random)")
     p.add_argument("--batch-size", type=int, default=None, help="jobs per claim (default: concurrency)")
-    p.add_argument("--poll-interval", type=float, default=5.0, help="re-poll safety net, seconds")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight jobs get at shutdown")
+    p.add_argument("--poll-interval", type=float, default=5.0, help="re-poll safety net, seconds (default 5)")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight jobs get at shutdown (default 30)")
     p.add_argument("--burst", action="store_true", help="exit once no queue has anything claimable")
     p.add_argument(
         "--metrics-port", type=int, default=None, metavar="N",

@@ -5,6 +5,7 @@ stopping gracefully on SIGTERM/SIGINT with exit code 0."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -556,3 +557,20 @@ def test_a_second_ctrl_c_ends_the_worker_at_once(cli: Cli) -> None:
     job = q.get_job(job_id)
     assert job is not None and job.state == "processing", job  # its claim lapses: retried
     assert not (marks / f"{job_id}.done").exists()
+
+
+def test_every_option_of_every_command_says_what_it_is_and_its_default() -> None:
+    """``--help`` explains each option: ``dead list --limit LIMIT``, ``--json`` and ``-q`` had
+    no text at all, and ``run-schedules --lease``, ``worker --grace`` and ``--poll-interval``
+    did not say the value used when they are left out."""
+    from alkstore_sa.cli import _subcommand_parsers, build_parser
+
+    unexplained = []
+    for parser in _subcommand_parsers(build_parser()):
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            numeric_default = isinstance(action.default, (int, float)) and not isinstance(action.default, bool)
+            if not action.help or (numeric_default and "default" not in action.help):
+                unexplained.append(f"{parser.prog} {action.option_strings[0]}")
+    assert unexplained == []
