@@ -35,6 +35,7 @@ from werkzeug.wrappers import Request as WsgiRequest
 from werkzeug.wrappers import Response as WsgiResponse
 
 import alkstore_sa as alk
+from alkstore_sa.alembic_support import sync_url
 from alkstore_sa.dashboard import create_wsgi_app
 from alkstore_sa.flask import init_app
 
@@ -153,7 +154,9 @@ def create_app(url: str | None = None) -> Flask:
     when a worker runs them (see ``in_app_context``)."""
     global _worker_app
     app = Flask(__name__)
-    app.config["SQLALCHEMY_DATABASE_URI"] = url or database_url()
+    # Read as alkstore (and this app's Alembic env) read it: `postgres://`, `postgresql://`
+    # mean psycopg 3, so one URL serves the app, its migrations and `alkstore worker`.
+    app.config["SQLALCHEMY_DATABASE_URI"] = sync_url(url or database_url()).render_as_string(hide_password=False)
     db.init_app(app)
     with app.app_context():
         # The Store registers alkstore's schema and settings for db.engine, which
