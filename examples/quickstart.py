@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import alkstore_sa as alk
+from alkstore_sa.alembic_support import sync_engine
 
 
 class Base(DeclarativeBase):
@@ -28,7 +28,9 @@ def main() -> None:
     url = os.environ.get("ALKSTORE_DATABASE_URL") or "sqlite:///" + os.path.join(
         tempfile.mkdtemp(prefix="alkstore-demo-"), "demo.db"
     )
-    engine = sa.create_engine(url)
+    # read as `alkstore` commands read $ALKSTORE_DATABASE_URL: postgres://, postgresql://,
+    # +asyncpg all mean psycopg 3; sqlite+aiosqlite means sqlite3
+    engine = sync_engine(url)
     store = alk.Store(engine)
     store.install()  # the packaged Alembic migrations; `alembic upgrade head` does the same
     Base.metadata.create_all(engine)

@@ -205,6 +205,22 @@ def test_demo_runs_in_one_command(example: str, tmp_path: Path) -> None:
         assert "stock reservations pending after the worker: 0" in demo.stdout
 
 
+@pytest.mark.parametrize("driver", ["postgres", "postgresql+asyncpg"])
+def test_quickstart_runs_on_each_url_form_alkstore_reads(driver: str) -> None:
+    """``make demo`` with ``ALKSTORE_DATABASE_URL`` (which the quickstart says overrides its
+    SQLite file) in a form the CLI takes for the same variable: the quickstart gave it to
+    ``create_engine`` as it was — NoSuchModuleError 'postgres', MissingGreenlet for asyncpg."""
+    require_pg()
+    with fresh_pg_database("alkdemo") as pg_url:
+        url = sa.make_url(pg_url).set(drivername=driver).render_as_string(hide_password=False)
+        demo = subprocess.run(
+            [sys.executable, str(EXAMPLES / "quickstart.py")],
+            env=example_env(url), capture_output=True, text=True, timeout=120,
+        )
+    assert demo.returncode == 0, demo.stderr
+    assert "stats: QueueStats(pending=0, ready=0, processing=0, dead=1" in demo.stdout, demo.stdout
+
+
 @pytest.mark.parametrize("example", ["flask", "fastapi"])
 def test_example_fails_fast_before_its_migrations(example: str, tmp_path: Path) -> None:
     """Web app (FastAPI: its lifespan; Flask: ``web_app()``, what its web server loads) and worker refuse
