@@ -23,8 +23,8 @@ exit codes:
      said on stdout, with the other results) or not requeued (its unique key is held),
      or an unexpected error
   2  the command cannot run as given: a usage error, an unusable --url, a handler that
-     cannot be imported, a SQLite file that does not exist (only `migrate` creates one),
-     or tables that are not installed or are outdated (run `alkstore migrate`)
+     cannot be imported, a SQLite file that does not exist (only `migrate` creates one, not
+     its directory), or tables that are not installed or are outdated (run `alkstore migrate`)
   141  stdout was closed by its reader (`| head`): no message, as other Unix tools end
 
 An error is one line on stderr; add --traceback to see where it happened."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from .. import migrations
-from .._urls import engine_from_url
+from .._urls import engine_from_url, sqlite_path
 from ._common import add_database_options, database_url
+from ._errors import UsageError
 from ._shown import shown
 
 
@@ -18,7 +19,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    engine = engine_from_url(database_url(args))  # the one command that may create a SQLite file
+    url = database_url(args)
+    path = sqlite_path(url)
+    if path is not None and not path.parent.is_dir():  # sqlite3 creates a file, never its directory
+        raise UsageError(
+            f"the directory {str(path.parent)!r} of the SQLite database does not exist: check --url, "
+            f"or create the directory first"
+        )
+    engine = engine_from_url(url)  # the one command that may create a SQLite file
     try:
         migrations.upgrade(engine, schema=args.schema, revision=args.revision)
         with engine.connect() as conn:

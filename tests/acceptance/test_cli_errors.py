@@ -561,6 +561,15 @@ def test_migrate_creates_a_missing_sqlite_file(tmp_path: Path) -> None:
     assert res.returncode == 0 and "(no jobs)" in res.stdout, res.stderr
 
 
+def test_migrate_into_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
+    """migrate creates the file, not its directory: a mistyped directory is the --url's fault,
+    exit 2 naming it (was exit 1, "unable to open database file (check --url and that the
+    server is running)")."""
+    line = one_line_failure(alkstore("migrate", "--url", "sqlite:///nodir/app.db", cwd=tmp_path), 2)
+    assert "'nodir'" in line and "does not exist" in line and "server" not in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- the worker says why it stops -----------------------------------------------------------------------
 
 
