@@ -31,7 +31,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .errors import AlkstoreError, InvalidOptions, MissingExtra
+from .errors import AlkstoreError, InvalidOptions, MissingExtra, NotInstalled
 
 try:
     import click
@@ -42,7 +42,7 @@ except ImportError as exc:
 
 from .cli._common import exit_past_abandoned_jobs, stop_on_signals
 from .cli._errors import explain
-from .cli._shown import stderr_handler
+from .cli._shown import shown, stderr_handler
 from .store import Store
 from .tasks import Task, Tasks
 from .worker import Worker
@@ -174,6 +174,8 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
         worker.run(stop, burst=burst)
     except (AlkstoreError, sa.exc.DBAPIError) as exc:  # NotInstalled names the command to run
         code, message = explain(exc, None)
+        if isinstance(exc, NotInstalled):  # no --url here: say which database the app opened
+            message += f" (the app's database: {shown(store.engine.url.render_as_string(hide_password=True))})"
         raise (_CannotRun if code == 2 else _Failed)(message) from exc
     click.echo(f"worker: {worker.processed} job(s) done")
     exit_past_abandoned_jobs(worker._abandoned)  # their threads die with the process

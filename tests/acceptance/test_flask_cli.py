@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
-from tests.acceptance.test_cli_errors import STARTUP, env
+from tests.acceptance.test_cli_errors import ALKSTORE, STARTUP, env
 from tests.acceptance.test_cli_shown import EVIL, SHOWN, assert_inert
 from tests.support import Target, wait_for
 
@@ -176,6 +176,17 @@ def test_flask_alkstore_worker_without_the_tables_says_only_that(tmp_path: Path)
     assert [line for line in err.splitlines() if line.strip()] == [
         line for line in err.splitlines() if "alkstore migrate" in line
     ], err
+
+
+def test_flask_alkstore_worker_without_the_tables_names_the_apps_database(tmp_path: Path) -> None:
+    """Flask-SQLAlchemy opens a relative ``sqlite:///app.db`` in the app's instance folder, so
+    ``alkstore migrate --url sqlite:///app.db`` installs another file: the command (which has
+    no --url) says which database the app uses (it said only "run `alkstore migrate --url URL`")."""
+    assert subprocess.run([str(ALKSTORE), "migrate", "--url", "sqlite:///app.db"], cwd=tmp_path,
+                          env=env(), capture_output=True, timeout=STARTUP).returncode == 0
+    code, out, err = _burst_on(tmp_path, "sqlite:///app.db")
+    assert code == 2, (out, err)
+    assert f"sqlite:///{tmp_path / 'instance' / 'app.db'}" in err, err
 
 
 @pytest.mark.parametrize(
