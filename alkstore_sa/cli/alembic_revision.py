@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "alembic-revision",
         help="write your app's Alembic revision that installs/upgrades alkstore's tables (one head)",
     )
-    p.add_argument("-c", "--config", default="alembic.ini", help="the app's alembic.ini (default: ./alembic.ini; [tool.alembic] of a pyproject.toml beside it is read too)")
+    p.add_argument("-c", "--config", default="alembic.ini", help="the app's alembic.ini or pyproject.toml (default: ./alembic.ini; [tool.alembic] of a pyproject.toml beside it is read too, or alone)")
     p.add_argument("--down-revision", help="app revision to chain to, `base` for none (default: the app's single head)")
     p.add_argument(
         "--from-step", type=int,
@@ -107,12 +107,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _app_scripts(config: str) -> ScriptDirectory | None:
-    """The app's script directory, or None when it has no alembic.ini (arguments must say all)."""
+    """The app's script directory, or None when it has no Alembic configuration (arguments
+    must say all). As ``alembic`` reads it: the ini, or with none (Alembic >= 1.16) the
+    ``[tool.alembic]`` table of a ``pyproject.toml`` — the one ``-c`` names, else the one
+    where the ini would be."""
+    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    if not Path(config).is_file():
+    path = Path(config)
+    if path.name != "pyproject.toml" and path.is_file():
+        return ScriptDirectory.from_config(app_config(path))
+    toml = path if path.name == "pyproject.toml" else path.parent / "pyproject.toml"
+    if not toml.is_file() or "toml_file" not in inspect.signature(Config).parameters:
         return None
-    return ScriptDirectory.from_config(app_config(Path(config)))
+    settings = Config(toml_file=str(toml))
+    if settings.get_alembic_option("script_location") is None:  # a pyproject.toml without [tool.alembic]
+        return None
+    return ScriptDirectory.from_config(settings)
 
 
 def app_config(ini: Path) -> Config:
@@ -135,7 +146,7 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
 
     if script is None and None in (args.version_path, args.down_revision, args.from_step):
         raise CommandError(
-            f"no {args.config}: pass -c path/to/alembic.ini, or all of --version-path, "
+            f"no {args.config} (nor a pyproject.toml with [tool.alembic]): pass -c path/to/alembic.ini, or all of --version-path, "
             "--down-revision (`base` for none) and --from-step"
         )
     down = None if args.down_revision == "base" else args.down_revision

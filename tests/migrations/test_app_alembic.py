@@ -512,6 +512,28 @@ def test_generator_reads_a_pyproject_toml_project(tmp_path: Path) -> None:
         store.check_schema()  # alkstore's tables at this library's head
 
 
+@pytest.mark.skipif("toml_file" not in inspect.signature(Config).parameters, reason="Alembic < 1.16: no pyproject template")
+def test_generator_reads_a_project_whose_only_config_is_pyproject_toml(tmp_path: Path) -> None:
+    """A project configured in pyproject.toml's [tool.alembic] alone, which ``alembic`` runs
+    (its alembic.ini is optional; ``-c pyproject.toml`` names that file): the generator read
+    it the same way (was: "no alembic.ini: pass -c path/to/alembic.ini ...", exit 2)."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    _ok(subprocess.run([ALEMBIC, "init", "--template", "pyproject", "migrations"], cwd=project,
+                       capture_output=True, text=True, timeout=120))
+    (project / "alembic.ini").unlink()
+    _ok(subprocess.run([ALEMBIC, "revision", "-m", "orders", "--rev-id", "app_1"], cwd=project,
+                       capture_output=True, text=True, timeout=120))
+    out = _ok(subprocess.run([ALKSTORE, "alembic-revision", "--rev-id", "alk_1"], cwd=project,
+                             capture_output=True, text=True, timeout=120))
+    assert "revises app_1" in out, out
+    out = _ok(subprocess.run([ALKSTORE, "alembic-revision", "-c", str(project / "pyproject.toml")], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120))
+    assert "nothing to generate" in out, out
+    assert _ok(subprocess.run([ALEMBIC, "heads"], cwd=project, capture_output=True, text=True,
+                              timeout=120)).split() == ["alk_1", "(head)"]
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_cli_migrate_with_a_custom_schema(kind: str, tmp_path: Path) -> None:
     """``alkstore migrate --schema`` (the console script), then a store and a transactional
