@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "alembic-revision",
         help="write your app's Alembic revision that installs/upgrades alkstore's tables (one head)",
     )
-    p.add_argument("-c", "--config", default="alembic.ini", help="the app's alembic.ini or pyproject.toml (default: ./alembic.ini; [tool.alembic] of a pyproject.toml beside it is read too, or alone)")
+    p.add_argument("-c", "--config", default=None, help="the app's alembic.ini or pyproject.toml (default: $ALEMBIC_CONFIG, else ./alembic.ini; [tool.alembic] of a pyproject.toml beside it is read too, or alone)")
     p.add_argument("--down-revision", help="app revision to chain to, `base` for none (default: the app's single head)")
     p.add_argument(
         "--from-step", type=int,
@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     checked_rev_id(args.rev_id)
     try:
+        args.config = args.config or os.environ.get("ALEMBIC_CONFIG") or "alembic.ini"  # as alembic's own default
         script = _app_scripts(args.config)
         plan, version_path = _plan(args, script)
     except CommandError as exc:

@@ -447,6 +447,21 @@ def test_generator_reads_alkstore_schema_from_the_environment(
     assert _marker_schema(app, fourth) == "jobs"
 
 
+def test_generator_reads_the_config_alembic_config_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``alembic`` reads the ini $ALEMBIC_CONFIG names when ``-c`` is not given; the generator
+    looked for ./alembic.ini only ("no alembic.ini", exit 2, where ``alembic`` worked)."""
+    app = write_app(tmp_path, "sqlite://", "sqlite")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("ALEMBIC_CONFIG", str(app.ini))
+    assert main(["alembic-revision", "--rev-id", "alk_env"]) == 0, capsys.readouterr().err
+    assert "revises" in capsys.readouterr().out
+    assert list(app.versions.glob("alk_env_*.py"))
+
+
 def _marker_schema(app: AlembicApp, rev: str) -> str:
     script = ScriptDirectory.from_config(Config(str(app.ini)))
     return str(script.get_revision(rev).module.ALKSTORE_SCHEMA)  # type: ignore[union-attr]
