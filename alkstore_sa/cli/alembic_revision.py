@@ -117,7 +117,13 @@ def _app_scripts(config: str) -> ScriptDirectory | None:
 
     path = Path(config)
     if path.name != "pyproject.toml" and path.is_file():
-        return ScriptDirectory.from_config(app_config(path))
+        settings = app_config(path)
+        named = getattr(settings, "get_alembic_option", settings.get_main_option)("script_location")  # ini or toml
+        if named is None and (path.parent / "env.py").is_file():
+            # Flask-Migrate's layout: migrations/alembic.ini names no script_location; `flask
+            # db` sets it to the ini's own directory, which holds env.py and versions/
+            settings.set_main_option("script_location", str(path.parent).replace("%", "%%"))
+        return ScriptDirectory.from_config(settings)
     toml = path if path.name == "pyproject.toml" else path.parent / "pyproject.toml"
     if not toml.is_file() or "toml_file" not in inspect.signature(Config).parameters:
         return None

@@ -462,6 +462,25 @@ def test_generator_reads_the_config_alembic_config_names(
     assert list(app.versions.glob("alk_env_*.py"))
 
 
+def test_generator_reads_a_flask_migrate_project(tmp_path: Path) -> None:
+    """Flask-Migrate's ``flask db init`` writes ``migrations/alembic.ini`` without
+    ``script_location`` (Flask-Migrate sets it to the ini's own directory at run time): the
+    generator, given that ini, takes the directory too (was: "No 'script_location' key found
+    in configuration.", exit 2)."""
+    _ok(subprocess.run([ALEMBIC, "init", "migrations"], cwd=tmp_path, capture_output=True, text=True, timeout=120))
+    ini = tmp_path / "migrations" / "alembic.ini"
+    (tmp_path / "alembic.ini").rename(ini)
+    ini.write_text(re.sub(r"(?m)^(script_location|sqlalchemy\.url|prepend_sys_path|path_separator) = .*$", "", ini.read_text()))
+    (tmp_path / "migrations" / "versions" / "app_1_orders.py").write_text(
+        'revision = "app_1"\ndown_revision = None\nbranch_labels = None\ndepends_on = None\n\n\n'
+        "def upgrade() -> None:\n    pass\n\n\ndef downgrade() -> None:\n    pass\n"
+    )
+    out = _ok(subprocess.run([ALKSTORE, "alembic-revision", "-c", "migrations/alembic.ini", "--rev-id", "alk_1"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120))
+    assert "revises app_1" in out, out
+    assert list((tmp_path / "migrations" / "versions").glob("alk_1_alkstore_steps_0_to_*.py"))
+
+
 def _marker_schema(app: AlembicApp, rev: str) -> str:
     script = ScriptDirectory.from_config(Config(str(app.ini)))
     return str(script.get_revision(rev).module.ALKSTORE_SCHEMA)  # type: ignore[union-attr]
