@@ -19,7 +19,8 @@ class Base(DeclarativeBase):
 
 
 class Order(Base):
-    __tablename__ = "orders"
+    # not "orders": the Flask and FastAPI examples' own table, in a database they may share
+    __tablename__ = "quickstart_orders"
     id: Mapped[int] = mapped_column(primary_key=True)
     email: Mapped[str]
 

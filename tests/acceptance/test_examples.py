@@ -221,6 +221,17 @@ def test_quickstart_runs_on_each_url_form_alkstore_reads(driver: str) -> None:
     assert "stats: QueueStats(pending=0, ready=0, processing=0, dead=1" in demo.stdout, demo.stdout
 
 
+def test_quickstart_runs_on_the_database_the_examples_use(tmp_path: Path) -> None:
+    """The README: each of `make demo`, `make example-flask`, `make example-fastapi` runs on
+    ``ALKSTORE_DATABASE_URL``: set once, after an example the quickstart failed (its own
+    ``orders`` table was the example's, whose ``item`` is NOT NULL)."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    for script in (EXAMPLES / "flask_app" / "demo.py", EXAMPLES / "quickstart.py"):
+        run = subprocess.run([sys.executable, str(script)], env=example_env(url), capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+
+
 @pytest.mark.parametrize("example", ["flask", "fastapi"])
 def test_example_fails_fast_before_its_migrations(example: str, tmp_path: Path) -> None:
     """Web app (FastAPI: its lifespan; Flask: ``web_app()``, what its web server loads) and worker refuse
