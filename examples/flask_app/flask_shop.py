@@ -53,6 +53,18 @@ def database_url() -> str:
     return os.environ.get("ALKSTORE_DATABASE_URL") or f"sqlite:///{default}"
 
 
+def app_database_uri(url: str) -> str:
+    """``url`` as alkstore and this app's Alembic env read it, so one URL serves the app, its
+    migrations and `alkstore worker`: `postgres://`, `postgresql://` mean psycopg 3, and a
+    relative SQLite path is taken from the current directory (Flask-SQLAlchemy would open it
+    in the app's instance folder: another file than the one `alembic upgrade head` migrated)."""
+    parsed = sync_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() == "sqlite" and path not in ("", ":memory:") and not path.startswith("file:"):
+        parsed = parsed.set(database=os.path.abspath(path))
+    return parsed.render_as_string(hide_password=False)
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -154,9 +166,7 @@ def create_app(url: str | None = None) -> Flask:
     when a worker runs them (see ``in_app_context``)."""
     global _worker_app
     app = Flask(__name__)
-    # Read as alkstore (and this app's Alembic env) read it: `postgres://`, `postgresql://`
-    # mean psycopg 3, so one URL serves the app, its migrations and `alkstore worker`.
-    app.config["SQLALCHEMY_DATABASE_URI"] = sync_url(url or database_url()).render_as_string(hide_password=False)
+    app.config["SQLALCHEMY_DATABASE_URI"] = app_database_uri(url or database_url())
     db.init_app(app)
     with app.app_context():
         # The Store registers alkstore's schema and settings for db.engine, which

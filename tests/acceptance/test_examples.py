@@ -232,6 +232,31 @@ def test_quickstart_runs_on_the_database_the_examples_use(tmp_path: Path) -> Non
         assert run.returncode == 0, run.stderr
 
 
+def test_flask_example_opens_a_relative_sqlite_path_where_its_migrations_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite:///shop.db`` names ./shop.db for ``alembic upgrade head`` and alkstore, while
+    Flask-SQLAlchemy opens a relative path in the app's instance folder: the app started on
+    another, empty file (NotInstalled) after its migrations had run."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("alembic")), "-c", str(EXAMPLES / "flask_app" / "alembic.ini"),
+         "upgrade", "head"], cwd=tmp_path, env=example_env("sqlite:///shop.db"), capture_output=True, text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    module = load(EXAMPLES / "flask_app" / "flask_shop.py")
+    app = module.web_app("sqlite:///shop.db")  # checks the schema
+    try:
+        with app.app_context():
+            assert module.db.engine.url.database == str(tmp_path / "shop.db")
+    finally:
+        app.extensions["alkstore"].close()
+        with app.app_context():
+            module.db.engine.dispose()
+    assert not (EXAMPLES / "flask_app" / "instance").exists()
+
+
 @pytest.mark.parametrize("example", ["flask", "fastapi"])
 def test_example_fails_fast_before_its_migrations(example: str, tmp_path: Path) -> None:
     """Web app (FastAPI: its lifespan; Flask: ``web_app()``, what its web server loads) and worker refuse
