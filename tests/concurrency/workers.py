@@ -14,6 +14,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -80,10 +81,17 @@ def claim_sizes(spec: dict[str, Any]) -> dict[str, Any]:
     store = open_store(spec)
     try:
         q = store.queue(spec["queue"])
+        q.stats()  # connected, schema checked: ready to claim
+        ready = Path(spec["ready_dir"])
+        (ready / spec["worker_id"]).touch()
+        deadline = time.monotonic() + spec["max_seconds"]
+        # the start barrier is passed before the stores are opened, which takes a loaded
+        # machine longer than one claimer needs to drain the table alone: start together
+        while len(list(ready.iterdir())) < spec["claimers"] and time.monotonic() < deadline:
+            time.sleep(0.005)
         sizes: list[int] = spec["sizes"]
         calls: list[list[int]] = []
         ids: list[int] = []
-        deadline = time.monotonic() + spec["max_seconds"]
         i = spec["offset"]
         empty = 0
         while time.monotonic() < deadline and empty < 2:
