@@ -8,6 +8,7 @@ Module level imports only: a spawned child re-imports this module from scratch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,8 +28,13 @@ BARRIER_TIMEOUT = 60.0  # spawned children import SQLAlchemy + psycopg first: al
 def child_main(
     fn: Callable[[dict[str, Any]], Any], spec: dict[str, Any], out: str, barrier: Any
 ) -> None:
-    """Entry point of every spawned child: wait for the others, run ``fn``, write the outcome."""
+    """Entry point of every spawned child: wait for the others, run ``fn``, write the outcome.
+    Before the barrier, a first store's schema check warms up what every child's own first
+    operation would otherwise do after it (the driver's import, the dialect's first
+    connect): on a loaded machine that took one child longer than another needed to finish
+    the whole workload alone, and a test's "several processes took part" then failed."""
     try:
+        _warm_up(spec)
         barrier.wait(BARRIER_TIMEOUT)
         record: dict[str, Any] = {"result": fn(spec)}
     except BaseException:  # noqa: BLE001 - everything goes back to the parent as text
@@ -37,6 +43,13 @@ def child_main(
     with open(tmp, "w") as f:
         json.dump(record, f)
     os.replace(tmp, out)
+
+
+def _warm_up(spec: dict[str, Any]) -> None:
+    if "url" not in spec or "schema" not in spec:
+        return
+    with contextlib.suppress(alk.AlkstoreError), alk.Store(spec["url"], schema=spec["schema"]) as store:
+        store.check_schema()
 
 
 def open_store(spec: dict[str, Any]) -> alk.Store:
