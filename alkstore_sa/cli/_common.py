@@ -26,7 +26,10 @@ from ._errors import UsageError
 log = logging.getLogger("alkstore_sa.cli")
 
 
-def add_database_options(parser: argparse.ArgumentParser) -> None:
+def add_database_options(parser: argparse.ArgumentParser, *, listen: bool = True) -> None:
+    """--url, --schema and, for the commands that listen for wake-ups or run a store that
+    may (``listen``), --listen-url; ``migrate`` never listens, and an option it would accept
+    and ignore would also go unchecked."""
     parser.add_argument(
         "--url",
         default=os.environ.get("ALKSTORE_DATABASE_URL"),
@@ -38,6 +41,8 @@ def add_database_options(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("ALKSTORE_SCHEMA") or DEFAULT_SCHEMA,
         help="PostgreSQL schema of the alkstore tables (default: $ALKSTORE_SCHEMA or 'alkstore')",
     )
+    if not listen:
+        return
     parser.add_argument(
         "--listen-url",
         default=os.environ.get("ALKSTORE_LISTEN_URL") or None,

@@ -13,7 +13,7 @@ from ._shown import shown
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("migrate", help="install or upgrade the alkstore tables (idempotent; creates a SQLite file)")
-    add_database_options(p)
+    add_database_options(p, listen=False)
     p.add_argument("--revision", default="heads", help="target revision (default: head)")
     p.set_defaults(func=run)
 

@@ -130,11 +130,12 @@ def test_a_closed_stdout_ends_quietly_with_141(sqlite_db: Target, tmp_path: Path
         (["status", "--url", "sqlite:///a.db", "--url", "sqlite:///b.db"], "--url"),
         (["status", "--schema", "a", "--schema", "b"], "--schema"),
         (["dead", "list", "-q", "a", "--limit", "1", "--limit", "2"], "--limit"),
+        (["migrate", "--listen-url", "nonsense"], "--listen-url"),  # migrate never listens: it ignored it
     ],
     ids=lambda v: "-".join(v) if isinstance(v, list) else None,
 )
 def test_usage_errors_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, argv: list[str], says: str) -> None:
-    db_args = ["--url", sqlite_db.url] if argv and argv[0] in ("status", "worker", "dead") and argv[1:2] != ["show"] else []
+    db_args = ["--url", sqlite_db.url] if argv and argv[0] in ("status", "worker", "dead", "migrate") and argv[1:2] != ["show"] else []
     line = one_line_failure(alkstore(*argv, *db_args, cwd=tmp_path), 2)
     assert says in line and "--help" in line, line
 
