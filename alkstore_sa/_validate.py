@@ -204,7 +204,11 @@ def full_depth(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return fn(*args, **kwargs)
     except RecursionError:
-        pass
+        return _on_fresh_stack(fn, *args, **kwargs)
+
+
+def _on_fresh_stack(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on a new thread, whose stack starts empty (``full_depth``)."""
     outcome: list[tuple[bool, Any]] = []
 
     def run() -> None:
@@ -280,10 +284,10 @@ def decode_payload(text: str) -> Any:
     (``full_depth``); one still too deep for this process is a PayloadError as well (a
     worker fails such a job instead of ending its run)."""
     try:
-        return _decode(text)
+        return _decode(text)  # directly: the worker's hot path
     except RecursionError:
         pass
     try:
-        return full_depth(_decode, text)
+        return _on_fresh_stack(_decode, text)  # (not full_depth: this stack just failed)
     except RecursionError:
         raise PayloadError("the stored payload is nested too deeply to decode as JSON") from None

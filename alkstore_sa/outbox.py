@@ -35,7 +35,7 @@ def listed_queue(store: Store, name: str, **opts: Any) -> Queue:
     if outbox is None:
         return store.queue(name, **opts)
     backing = store.outbox(outbox).queue
-    return backing if not opts else Queue._reserved(store, backing.name, QueueOpts.validated(**opts))
+    return backing if not opts else Queue._unchecked(store, backing.name, QueueOpts.validated(**opts))
 
 
 def listed_queue_name(name: object) -> str:
@@ -58,7 +58,7 @@ class Outbox:
     def __init__(self, store: Store, name: str) -> None:
         self.store = store
         self.name = v.name(name, "outbox name")
-        self._queue = Queue._reserved(store, backing_queue_name(self.name), OUTBOX_OPTS)
+        self._queue = Queue._unchecked(store, backing_queue_name(self.name), OUTBOX_OPTS)
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.Outbox {self.name!r}>"

@@ -111,9 +111,10 @@ class Queue:
         self.opts = opts
 
     @classmethod
-    def _reserved(cls, store: Store, name: str, opts: QueueOpts) -> Queue:
-        """A handle on a queue of alkstore's own (an outbox's backing queue), whose reserved
-        name ``Queue()`` refuses."""
+    def _unchecked(cls, store: Store, name: str, opts: QueueOpts) -> Queue:
+        """A handle whose name and options were checked already (a task's, at decoration:
+        its every enqueue makes one), or a queue of alkstore's own (an outbox's backing
+        queue), whose reserved name ``Queue()`` refuses."""
         queue = cls.__new__(cls)
         queue.store, queue.name, queue.opts = store, name, opts
         return queue

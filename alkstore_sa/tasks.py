@@ -126,7 +126,7 @@ class TaskCall(Generic[P]):
         }
         try:
             if own:
-                return Queue(cast(Store, target), task.queue, task.opts).enqueue(payload, **options)
+                return Queue._unchecked(cast(Store, target), task.queue, task.opts).enqueue(payload, **options)
             queue = _queue_in(cast(EnqueueTarget, target), task)
             return enqueue_in_transaction(cast(Any, target), queue, payload, **options)
         except PayloadError as exc:
@@ -443,4 +443,4 @@ def _queue_in(session: EnqueueTarget, task: Task[..., Any]) -> Queue:
     store = store_for(connection_of(cast(Any, session)))
     if not isinstance(store, Store):
         store = cast(Store, _Defaults(store))
-    return Queue(store, task.queue, task.opts)
+    return Queue._unchecked(cast(Store, store), task.queue, task.opts)

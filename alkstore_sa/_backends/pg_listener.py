@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine
 
 from .._fanout import Deliver, FanOut, new_selector
 from ..errors import DatabaseError, StoreClosed
-from .pg_wire import ListenConnection, said_goodbye, tune_socket
+from .pg_wire import ListenConnection, idle_alive_check, tune_socket
 
 log = logging.getLogger("alkstore_sa")
 
@@ -255,7 +255,7 @@ class PgHub:
         pool = self._listen_engine.pool
         for _ in range(CHECKOUT_ATTEMPTS - 1):
             proxied = self._listen_engine.raw_connection()
-            if not said_goodbye(proxied.dbapi_connection):
+            if idle_alive_check(proxied.dbapi_connection)():
                 break
             pool._invalidate(proxied, None)
         else:

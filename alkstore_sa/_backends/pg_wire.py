@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import select
 import selectors
 import socket
 import time
@@ -29,15 +30,24 @@ WAKE_PRESENCE_CLASS = 0x616C6B77
 WAKE_BARRIER_CLASS = 0x616C6B62
 
 
-def said_goodbye(dbapi_conn: Any) -> bool:
-    """Whether an idle psycopg connection, fresh from the pool, is known dead without a
-    round trip: closed, broken, or with something to read — on a connection that sent
-    nothing, only the server's goodbye (a FATAL 'terminating connection', or EOF)."""
-    if dbapi_conn.closed or dbapi_conn.broken:
-        return True
-    with new_selector() as sel:
-        sel.register(dbapi_conn.pgconn.socket, selectors.EVENT_READ)
-        return bool(sel.select(0))
+def idle_alive_check(dbapi_conn: Any) -> Callable[[], bool]:
+    """A check, costing no round trip, that an idle psycopg connection in autocommit is
+    alive. The store's connections never LISTEN between operations, and neither has a
+    pooled one the listener takes yet: the server has nothing to tell them. A readable
+    socket is therefore its goodbye (a FATAL "terminating connection" from a restart or
+    pg_terminate_backend, or EOF), seen before any statement is sent on it. poll() rather
+    than select(): descriptors may be >= 1024."""
+    try:
+        fd = dbapi_conn.pgconn.socket
+    except Exception:  # noqa: BLE001 - no socket: the connection is already lost
+        return lambda: False
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+
+    def alive() -> bool:
+        return not (dbapi_conn.closed or dbapi_conn.broken or poller.poll(0))
+
+    return alive
 
 
 class ListenConnection:

@@ -10,7 +10,6 @@ import functools
 import hashlib
 import ipaddress
 import os
-import select
 import socket
 import struct
 import weakref
@@ -26,7 +25,7 @@ from ..schema import JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
 from .base import Backend
 from .inspect_ops import seconds_until
 from .pg_dialect import CATALOG_DIALECTS, driver_of_dialect
-from .pg_wire import WAKE_BARRIER_CLASS, WAKE_PRESENCE_CLASS
+from .pg_wire import WAKE_BARRIER_CLASS, WAKE_PRESENCE_CLASS, idle_alive_check
 from .queue_ops import Turn, split_turns
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, Executor, arg, bp
 
@@ -302,22 +301,7 @@ class PostgresBackend(Backend):
         return state.startswith("08") or state in _GOING_AWAY
 
     def alive_check(self, dbapi_conn: Any) -> Callable[[], bool] | None:
-        # The store's connections are idle in autocommit and never LISTEN between
-        # operations: the server has nothing to tell them. A readable socket is therefore
-        # its goodbye (a FATAL "terminating connection" from a restart or
-        # pg_terminate_backend, or EOF), seen before any statement is sent on it. poll()
-        # rather than select(): descriptors may be >= 1024.
-        try:
-            fd = dbapi_conn.pgconn.socket
-        except Exception:  # noqa: BLE001 - no socket: the connection is already lost
-            return lambda: False
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-
-        def alive() -> bool:
-            return not (dbapi_conn.closed or dbapi_conn.broken or poller.poll(0))
-
-        return alive
+        return idle_alive_check(dbapi_conn)
 
     def upsert(self, table: sa.Table) -> Any:
         return postgresql.insert(table)

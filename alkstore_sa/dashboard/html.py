@@ -81,8 +81,8 @@ def age(seconds: float | None) -> str:
 
 def _utf8_json(text: str) -> str:
     """JSON text (of ``ensure_ascii=False``) that a UTF-8 page can carry: a payload's lone
-    surrogates (they round-trip, so a payload may hold them) become the ``\\uXXXX``
-    escapes they were stored as, which is what ``backslashreplace`` writes for them."""
+    surrogates (they round-trip, so a payload may hold them) become the ``\\u`` escapes
+    they were stored as, which is what ``backslashreplace`` writes for them."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -102,10 +102,6 @@ def payload_html(payload: Any) -> str:
             f"{PRETTY_MAX // (1 << 20)} MiB</p>"
         )
     return f'{note}<pre id="payload">{esc(_utf8_json(text if pretty is None else pretty))}</pre>'
-
-
-def preview(payload: Any, limit: int = 80) -> str:
-    return preview_text(compact(payload, ensure_ascii=False), limit)
 
 
 def cut(text: str, limit: int = 300) -> str:
