@@ -236,3 +236,55 @@ def test_cross_site_form_post_is_refused(browser: Any, db: Target, seeded: Any, 
         assert "403" in body or "forbidden" in body.lower(), body
     assert store.queue(qa).stats().dead == 2
     assert store.get_job(victim) is not None and store.get_job(victim).state == "dead"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def own_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """A database of this test alone (a SQLite file, or a PostgreSQL schema of its own): its
+    queue names are fixed words, which other tests of a shared schema must not meet."""
+    from tests.conftest import require_pg
+    from tests.support import drop_pg_schema, new_pg_schema, pg_target, sqlite_target
+
+    if request.param == "sqlite":
+        target = sqlite_target(str(tmp_path))
+        yield target
+        target.engine.dispose()
+        return
+    require_pg()
+    target = pg_target(new_pg_schema())
+    try:
+        yield target
+    finally:
+        drop_pg_schema(target)
+
+
+# names of the properties every plain JavaScript object inherits
+INHERITED = ("constructor", "__proto__", "toString", "hasOwnProperty", "valueOf")
+
+
+def test_refresh_of_queues_named_like_object_properties(browser: Any, own_db: Target, tmp_path: Path) -> None:
+    """Queue names are user data: a queue named like a property every JavaScript object
+    inherits (``constructor``, ``__proto__``, ...) that empties and so leaves the polled
+    counts shows zeros after the in-place refresh, as any other queue does, not the
+    inherited property's missing fields (``undefined``)."""
+    from selenium.webdriver.common.by import By
+
+    store = own_db.store()
+    try:
+        ids = {name: store.queue(name).enqueue({"n": name}) for name in (*INHERITED, "plain")}
+        with serve_dashboard(own_db) as dash:
+            browser.get(dash.url("/"))
+            for name in ids:
+                assert page_counts(browser, name) == {"ready": 1, "scheduled": 0, "processing": 0, "dead": 0}
+            for name, job_id in ids.items():  # each queue empties: it leaves the counts
+                assert store.queue(name).cancel(job_id)
+            wait_until(browser, lambda d: d.find_element(By.ID, "queues").get_attribute("data-refreshed"),
+                       "the counts' refresh")
+            shot(browser, tmp_path, "refreshed")
+            for name in ids:
+                row = browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{name}"]')
+                cells = {c.get_attribute("data-count"): c.text for c in row.find_elements(By.CSS_SELECTOR, "td[data-count]")}
+                assert cells == {state: "0" for state in STATES}, name
+                assert row.find_element(By.CSS_SELECTOR, "td[data-age]").text == "-", name
+    finally:
+        store.close()

@@ -16,11 +16,19 @@
     return Math.floor(s / 86400) + "d " + pad(Math.floor(s % 86400 / 3600)) + "h";
   }
 
+  // Queue names are user data: only the answer's own keys name queues. A plain lookup
+  // would find what every object inherits ("constructor", "__proto__", "toString") for a
+  // queue of that name that left the counts.
+  var own = Object.prototype.hasOwnProperty;
+  function countsOf(queues, name) {
+    return queues && own.call(queues, name) ? queues[name] : null;
+  }
+
   function apply(data) {
     var rows = table.querySelectorAll("tr[data-queue]");
     for (var i = 0; i < rows.length; i++) {
       var row = rows[i];
-      var numbers = data.queues[row.getAttribute("data-queue")];
+      var numbers = countsOf(data.queues, row.getAttribute("data-queue"));
       var cells = row.querySelectorAll("td[data-count]");
       for (var j = 0; j < cells.length; j++) {
         var state = cells[j].getAttribute("data-count");
