@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .model import QueueStats
+
 if TYPE_CHECKING:
     from .store import Store
 
@@ -24,6 +26,14 @@ class QueueGauges:
     processing: int = 0
     dead: int = 0
     oldest_ready_age: float = 0.0
+
+    def as_stats(self) -> QueueStats:
+        """The same counts as a ``QueueStats`` (``alkstore status``): ``pending`` is ready
+        plus scheduled, so it too leaves out the expired jobs; no age when none is ready."""
+        return QueueStats(
+            pending=self.ready + self.scheduled, ready=self.ready, processing=self.processing,
+            dead=self.dead, oldest_ready_age=self.oldest_ready_age if self.ready else None,
+        )
 
 
 def read_gauges(store: Store) -> dict[str, QueueGauges]:

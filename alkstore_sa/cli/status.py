@@ -1,5 +1,7 @@
 """``alkstore status``: per-queue counts and settings, and the live workers, as tables or
-JSON (``--json`` keeps its shape, a dict of queues; ``--workers`` lists the workers alone)."""
+JSON (``--json`` keeps its shape, a dict of queues; ``--workers`` lists the workers alone).
+The counts are the dashboard's and the metrics gauges' (``read_gauges``): expired jobs
+waiting for the sweep are in none of them."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import argparse
 import json
 from dataclasses import asdict
 
+from .._gauges import read_gauges
 from ..model import QueueSettings, QueueStats, WorkerInfo
 from ._common import add_database_options, open_store
 from ._shown import shown
@@ -34,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.workers:
             return _print_workers(store.workers(), as_json=args.json)
-        stats = store.queue_stats()
+        stats = {name: g.as_stats() for name, g in read_gauges(store).items()}
         settings = store.queue_settings()
         workers = [] if args.json else store.workers()
     finally:

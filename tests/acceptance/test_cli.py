@@ -205,6 +205,35 @@ def test_status_table_and_json(cli: Cli) -> None:
     assert set(json.loads(res.stdout)) == {"emails", "reports"}
 
 
+def test_status_leaves_out_expired_jobs_waiting_for_the_sweep_as_the_dashboard_does(cli: Cli) -> None:
+    """A pending job past its ``expires_at`` that no sweep moved yet is never claimed:
+    ``alkstore status`` leaves it out of ``pending`` and ``ready``, as the dashboard and the
+    metrics gauges do (one reading of the counts), and a queue holding nothing else is not
+    listed, as on the dashboard."""
+    from alkstore_sa._gauges import read_gauges
+
+    s = cli.install()
+    past = cli.store(clock=lambda: time.time() - 7200)  # writes rows as of two hours ago
+    past.queue("stale").enqueue({"s": 1}, expires=60)  # expired an hour and 59 minutes ago
+    past.queue("stale").enqueue({"s": 2}, delay=7200 + 3600, expires=86400)  # scheduled, fresh
+    s.queue("stale").enqueue({"s": 3})  # ready
+    past.queue("gone").enqueue({"g": 1}, expires=60)  # nothing but an expired job
+
+    gauges = read_gauges(s)
+    assert set(gauges) == {"stale"}
+    g = gauges["stale"]
+    rows = _status_rows(cli.ok("status"))
+    assert set(rows) == {"stale"}
+    assert rows["stale"][:4] == [str(g.ready + g.scheduled), str(g.ready), str(g.processing), str(g.dead)]
+    assert rows["stale"][:4] == ["2", "1", "0", "0"]
+    data = json.loads(cli.ok("status", "--json"))
+    assert set(data) == {"stale"}
+    assert {k: data["stale"][k] for k in ("pending", "ready", "processing", "dead")} == {
+        "pending": 2, "ready": 1, "processing": 0, "dead": 0,
+    }
+    assert isinstance(data["stale"]["oldest_ready_age"], float)
+
+
 # -- dead list / show / requeue ----------------------------------------------------------------
 
 
