@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from alkstore_sa._gauges import read_gauges
+from alkstore_sa.dashboard.reads import stream_rows
 from alkstore_sa.queue import cancel_pending
 from alkstore_sa.scheduler import Scheduler
 from tests.support import wait_for
@@ -147,6 +148,8 @@ def _stream_ops(store: alk.Store, name: str) -> None:
     assert [e.offset for e in s.read(after=0)] == [1, 2]
     s.commit("c1", 1)
     assert s.offset("c1") == 1
+    (row,) = [r for r in stream_rows(store) if r.name == name]  # the dashboard's one statement
+    assert (row.last_offset, [(c.name, c.offset, c.lag) for c in row.consumers]) == (2, [("c1", 1, 1)])
     assert s.trim_to(1) == 1
 
 

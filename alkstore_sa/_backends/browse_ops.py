@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..schema import dead_jobs, jobs, stream_offsets
+from ..schema import dead_jobs, jobs, stream_offsets, streams
 from .core import Core
 from .sql import (
     DEAD_COLUMNS,
@@ -136,14 +136,24 @@ class BrowseOps(Core):
 
         return ex.rows(self.sql(f"dead_page:{by_queue}:{ascending}", build), params)
 
-    def stream_consumers(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        """Every stream consumer's committed offset: (stream, consumer, offset, updated_at);
-        not the SQLite watchers' reading places kept in the same table."""
-        o = stream_offsets
-        sql = self.sql(
-            "stream_consumers",
-            lambda: sa.select(o.c.stream, o.c.consumer, o.c.offset, o.c.updated_at)
-            .where(o.c.stream != NOTIFY_READERS_SQL)  # SQLite's watchers
-            .order_by(o.c.stream, o.c.consumer),
-        )
-        return ex.rows(sql, params)
+    def stream_overview(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Every stream's last offset and every consumer's committed offset, in ONE
+        statement: the store's connections run in autocommit, so two statements would read
+        two instants, and a consumer that committed past the stream's old end between them
+        would stand ahead of its stream. Rows (stream, last_offset, None, None, None) for
+        the streams and (stream, None, consumer, offset, updated_at) for the consumers (a
+        consumer name is never NULL); not the SQLite watchers' reading places kept in the
+        offsets table."""
+
+        def build() -> sa.Executable:
+            o = stream_offsets
+            ends = sa.select(
+                streams.c.name, streams.c.last_offset, sa.cast(sa.null(), sa.Text),
+                sa.cast(sa.null(), sa.BigInteger), sa.cast(sa.null(), sa.Double),
+            )
+            consumers = sa.select(
+                o.c.stream, sa.cast(sa.null(), sa.BigInteger), o.c.consumer, o.c.offset, o.c.updated_at
+            ).where(o.c.stream != NOTIFY_READERS_SQL)  # SQLite's watchers
+            return sa.union_all(ends, consumers)
+
+        return ex.rows(self.sql("stream_overview", build), params)

@@ -150,15 +150,20 @@ class StreamRow:
 
 
 def stream_rows(store: Store) -> list[StreamRow]:
-    """Every stream with its last offset, and each consumer's committed offset and lag."""
+    """Every stream with its last offset, and each consumer's committed offset and lag, as
+    of one instant (one statement)."""
     store._check_open()
-    with store.executor(retry=True) as ex:  # reads of two small tables
-        last = store.backend.stream_offsets(ex, {})
-        consumers = store.backend.stream_consumers(ex, {})
+    with store.executor(retry=True) as ex:  # a read
+        rows = store.backend.stream_overview(ex, {})
+    last: dict[str, int] = {}
+    consumers = []
+    for stream, last_offset, consumer, offset, updated_at in rows:
+        if consumer is None:
+            last[stream] = int(last_offset)
+        else:
+            consumers.append((stream, consumer, int(offset), updated_at))
     by_stream: dict[str, list[Consumer]] = {}
-    for stream, consumer, offset, updated_at in consumers:
+    for stream, consumer, offset, updated_at in sorted(consumers, key=lambda c: (c[0], c[1])):
         top = last.get(stream, 0)
-        by_stream.setdefault(stream, []).append(
-            Consumer(consumer, int(offset), max(0, top - int(offset)), ts(updated_at))
-        )
+        by_stream.setdefault(stream, []).append(Consumer(consumer, offset, max(0, top - offset), ts(updated_at)))
     return [StreamRow(name, last.get(name, 0), by_stream.get(name, [])) for name in sorted(set(last) | set(by_stream))]

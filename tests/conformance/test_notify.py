@@ -476,7 +476,7 @@ def test_sqlite_a_watcher_saves_its_place_while_it_has_subscriptions(sqlite_db: 
         time.sleep(0.05)
     assert list(_places(sqlite_db).values()) == [SAVE_ROWS + 2]  # moved on as it read
     with store.executor() as ex:
-        assert store.backend.stream_consumers(ex, {}) == []  # the dashboard lists no such consumer
+        assert store.backend.stream_overview(ex, {}) == []  # the dashboard lists no such consumer
     sub.close()
     assert _places(sqlite_db) == {}  # its last subscription closed: it holds nothing back
     store.close()

@@ -251,6 +251,63 @@ def test_streams_page(dash, store: alk.Store, qname: str) -> None:
     assert '<td class="num" data-lag>0</td>' in row_of(section, "data-consumer", "audit")
 
 
+class _Fetched:
+    """A statement's rows, already fetched (what the store's statement runner returns)."""
+
+    def __init__(self, rows: list[tuple[object, ...]]) -> None:
+        self.rows = rows
+
+    def fetchall(self) -> list[tuple[object, ...]]:
+        return self.rows
+
+
+def test_streams_page_reads_offsets_and_consumers_as_of_one_instant(
+    db: Target, qname: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Events are published and a consumer commits past the old end right after the page's
+    first read of the streams table: the page still shows one instant, so no consumer
+    stands past its stream's last offset."""
+    writer = db.store()
+    viewer = db.store()
+    st = writer.stream(qname)
+    for i in range(3):
+        st.publish(i)
+    st.commit("audit", 3)
+    backend = viewer.backend
+    make_runner = backend.statement_runner
+    fired: list[str] = []
+
+    def runner(dbapi: object) -> object:
+        run = make_runner(dbapi)
+
+        def execute(sql: str, params: object) -> object:
+            result = run(sql, params)
+            if not fired and "alkstore_streams" in sql and sql.lstrip().upper().startswith("SELECT"):
+                fired.append(sql)
+                rows = result.fetchall()  # the read is done; then the others write
+                st.publish(3)
+                st.publish(4)
+                st.commit("audit", 5)
+                return _Fetched(rows)
+            return result
+
+        return execute
+
+    monkeypatch.setattr(backend, "statement_runner", runner)  # before the viewer connects
+    dash = make_browser("wsgi", viewer)
+    try:
+        r = dash.get("/streams")
+    finally:
+        dash.close()
+        viewer.close()
+        writer.close()
+    assert r.status == 200 and fired, r.text
+    section = r.text.split(f'<section data-stream="{qname}">')[1].split("</section>")[0]
+    assert '<span class="num" data-last-offset>3</span>' in section, section
+    audit = row_of(section, "data-consumer", "audit")
+    assert "<td>3</td>" in audit and '<td class="num" data-lag>0</td>' in audit, audit
+
+
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])
 def test_workers_page(kind: str, dbstore: alk.Store, qname: str) -> None:
     """A running worker (on the database's clock: its registry row is live in real time)."""
