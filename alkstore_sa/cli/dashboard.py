@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 
 from ._common import add_database_options, open_store, stop_on_signals
 from ._errors import UsageError
+
+log = logging.getLogger("alkstore_sa.cli")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -15,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Serve the operations dashboard. It has no login: bind it to localhost "
         "(the default) or put it behind your own authentication (docs/operations.md).",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any non-loopback one is warned about)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080; 0 picks a free one)")
     p.add_argument("--read-only", action="store_true", help="show no actions; refuse every POST")
     add_database_options(p)
@@ -35,6 +39,13 @@ def run(args: argparse.Namespace) -> int:
             server = make_server(create_wsgi_app(store, read_only=args.read_only), args.host, args.port)
         except OSError as exc:  # e.g. the port is taken: the one-line error, exit 1
             raise OSError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+        if not _loopback(str(server.server_address[0])):
+            # not refused (a container or a trusted network may want it), but never silent
+            log.warning(
+                "the dashboard has no login: listening on %s, anyone who reaches it can see "
+                "payloads%s; bind to 127.0.0.1 or put authentication in front (docs/operations.md)",
+                args.host, "" if args.read_only else " and requeue, delete and cancel jobs",
+            )
         stop = stop_on_signals("stopping the dashboard")
         mode = " (read-only)" if args.read_only else ""
         print(f"alkstore dashboard: serving {served_url(server)}{mode}", flush=True)
@@ -42,3 +53,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _loopback(address: str) -> bool:
+    """Whether the address the server bound (a host name already resolved) is a loopback
+    one: reachable from this machine only."""
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False

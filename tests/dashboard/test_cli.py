@@ -104,3 +104,32 @@ def test_missing_file_and_missing_schema_are_one_line_exit_2(tmp_path: Path) -> 
     (tmp_path / "empty.db").touch()  # a database without alkstore's tables: said before serving
     res = run("sqlite:///empty.db")
     assert res.returncode == 2 and "alkstore migrate" in res.stderr and res.stdout == "", res.stderr
+
+
+def _serve_on(db: Target, host: str) -> tuple[str, str]:
+    """``alkstore dashboard --host HOST --port 0``: its serving line, and its stderr once
+    stopped with SIGTERM."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    proc = subprocess.Popen(
+        [str(ALKSTORE), "dashboard", "--host", host, "--port", "0", "--read-only", "--url", db.url,
+         "--schema", db.schema],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    code, err = _stop(proc)
+    assert line.startswith("alkstore dashboard: serving http://"), (line, err)
+    assert code == 0 and "Traceback" not in err, err
+    return line, err
+
+
+def test_listening_beyond_loopback_warns_once_on_stderr(sqlite_db: Target) -> None:
+    """The dashboard has no login: bound to every interface it says so in one line on
+    stderr (and serves anyway); on a loopback address it says nothing of the kind."""
+    _, err = _serve_on(sqlite_db, "0.0.0.0")
+    warned = [line for line in err.splitlines() if "no login" in line]
+    assert len(warned) == 1, err
+    assert "WARNING" in warned[0] and "0.0.0.0" in warned[0], warned
+    for host in ("127.0.0.1", "localhost"):
+        _, err = _serve_on(sqlite_db, host)
+        assert "no login" not in err and "WARNING" not in err, (host, err)
