@@ -34,3 +34,11 @@ def test_only_the_package_is_shipped() -> None:
     # setuptools puts tests/test*.py into an sdist by default: MANIFEST.in takes them out
     pruned = {line.split()[1] for line in (ROOT / "MANIFEST.in").read_text().splitlines() if line.startswith("prune ")}
     assert {"tests", "benchmarks", "examples"} <= pruned
+
+
+def test_the_version_the_command_prints_is_the_distributions() -> None:
+    """``alkstore --version`` prints ``alkstore_sa.__version__``: the one in pyproject.toml."""
+    import alkstore_sa
+
+    project = _pyproject()["project"]
+    assert isinstance(project, dict) and project["version"] == alkstore_sa.__version__

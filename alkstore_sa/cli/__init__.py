@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .. import __version__
 from . import alembic_revision, dashboard, dead, migrate, queue, schedules, status, sweep, worker
 from ._common import Parser, check_options
 from ._errors import EXIT_CODES, report, stdout_closed
@@ -26,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_global_flags(parser, default=False)
+    parser.add_argument(
+        "--version", action="version", version=f"alkstore {__version__}",
+        help="print the version of alkstore_sa and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)

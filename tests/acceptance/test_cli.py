@@ -95,6 +95,36 @@ def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
             eng.dispose()
 
 
+# -- --version and python -m alkstore_sa ------------------------------------------------------
+
+
+def test_version_and_python_m_alkstore_sa_is_the_same_command(cli: Cli) -> None:
+    """``alkstore --version`` prints the library's version; ``python -m alkstore_sa`` is
+    ``alkstore`` (same output, same exit codes, same one-line usage errors), for a machine
+    where the console script is not on PATH."""
+    assert cli.run("--version", db=False).stdout == f"alkstore {alk.__version__}\n"
+    as_module = [sys.executable, "-m", "alkstore_sa"]
+
+    def run_module(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*as_module, *argv], capture_output=True, text=True, timeout=60, env=cli.env(),
+            stdin=subprocess.DEVNULL, cwd=cli.tmp,
+        )
+
+    for argv in (["--version"], [], ["no-such-command"]):
+        want = cli.run(*argv, db=False)
+        got = run_module(*argv)
+        assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr), argv
+    assert run_module("--version").returncode == 0
+    assert run_module().returncode == 2
+    s = cli.install()
+    s.queue("m").enqueue({"n": 1}, delay=3600)  # scheduled: no age that moves between the runs
+    got = run_module("status", "--json", *cli.db_args)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == json.loads(cli.ok("status", "--json"))
+    assert json.loads(got.stdout)["m"]["pending"] == 1
+
+
 # -- migrate and NotInstalled ----------------------------------------------------------------
 
 
