@@ -71,6 +71,15 @@ NOTIFY_PRUNE_EVERY = 64
 NOTIFY_READER_TTL = 60.0
 
 
+def _lenient_text(data: bytes) -> str:
+    """A TEXT value as the store reads it. SQLite keeps whatever bytes a hand-written UPDATE
+    puts in a TEXT column; sqlite3's own decoding fails the whole statement on one value
+    that is not UTF-8 (a claim would lose its batch, and fail again at every try). Such
+    bytes read as ``\\xNN`` instead: a payload holding them is never valid JSON (JSON has
+    no ``\\x`` escape), so it is failed and shown as any stored payload that is not JSON."""
+    return data.decode("utf-8", "backslashreplace")
+
+
 class _ShortAck(Exception):
     """Internal: a batch ack's count came back short (some claim did not hold); its
     transaction is rolled back and the batch deleted again, returning what landed."""
@@ -141,12 +150,13 @@ class SQLiteBackend(Backend):
         return sa.func.json_insert(errors, sa.literal_column("'$[#]'"), entry)
 
     def prepare_connection(self, dbapi_conn: Any) -> Any:
-        saved = dbapi_conn.isolation_level
+        saved = dbapi_conn.isolation_level, dbapi_conn.text_factory
         dbapi_conn.isolation_level = None  # autocommit: the store issues BEGIN IMMEDIATE itself
+        dbapi_conn.text_factory = _lenient_text
         return saved
 
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
-        dbapi_conn.isolation_level = saved
+        dbapi_conn.isolation_level, dbapi_conn.text_factory = saved
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         # a file database cannot be cut off; only a closed connection is gone

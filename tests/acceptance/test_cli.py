@@ -357,6 +357,36 @@ def test_dead_list_and_show_a_job_whose_stored_payload_is_not_json(cli: Cli) -> 
     assert shown["payload"] is None and shown["stored_payload"] == "{broken" and shown["payload_error"]
 
 
+def test_dead_list_and_show_a_job_whose_stored_payload_is_not_utf8_on_sqlite(tmp_path: Path) -> None:
+    """SQLite stores whatever bytes a hand-written UPDATE puts in a TEXT column; one payload
+    that is not UTF-8 made ``dead list`` of the whole queue and ``dead show`` fail ("Could
+    not decode to UTF-8"). The job is listed and shown like any stored payload that is not
+    JSON, its undecodable bytes as ``\\xNN``."""
+    cli = Cli("sqlite", f"sqlite:///{tmp_path / 'cli.db'}", "alkstore", tmp_path)
+    try:
+        s = cli.install()
+        q = s.queue("bin", max_attempts=1)
+        job_id, good = q.enqueue({"a": 1}), q.enqueue({"b": 2})
+        for h in q.claim_batch("w", 2):
+            assert h.fail("boom")
+        with sa.create_engine(cli.url).begin() as conn:
+            conn.execute(
+                sa.text("UPDATE alkstore_dead_jobs SET payload = CAST(X'7B2261223A2280FF227D' AS TEXT) WHERE id = :id"),
+                {"id": job_id},
+            )  # {"a":"<80><FF>"}
+        lines = cli.ok("dead", "list", "--queue", "bin").splitlines()
+        assert [int(line.split("\t")[0]) for line in lines] == [good, job_id]
+        listed = json.loads(cli.ok("dead", "list", "--queue", "bin", "--json"))
+        assert [(j["id"], j["payload"], j.get("stored_payload")) for j in listed] == [
+            (good, {"b": 2}, None), (job_id, None, '{"a":"\\x80\\xff"}'),
+        ]
+        shown = json.loads(cli.ok("dead", "show", str(job_id)))
+        assert shown["payload"] is None and shown["stored_payload"] == '{"a":"\\x80\\xff"}' and shown["payload_error"]
+    finally:
+        for st in cli.stores:
+            st.close()
+
+
 def test_dead_requeue_of_a_job_whose_unique_key_is_held_says_it_was_not_requeued(cli: Cli) -> None:
     """A dead job whose unique key a live job holds is not requeued (SPEC §14: nothing is
     written, the dead row stays): the command must say so and exit 1, not print

@@ -3,8 +3,11 @@ the call does not already hold and fills in the rest (queue, worker, clock, dead
 
 from __future__ import annotations
 
+import pytest
+
 import alkstore_sa as alk
-from tests.support import FakeClock
+from alkstore_sa._rows import FIELD
+from tests.support import FakeClock, Target
 
 
 def test_claimed_job_equals_the_stored_row(store: alk.Store, qname: str, clock: FakeClock) -> None:
@@ -19,3 +22,36 @@ def test_claimed_job_equals_the_stored_row(store: alk.Store, qname: str, clock: 
         assert h.job == stored
         assert h.job.queue == qname and h.job.worker_id == "worker-x" and h.job.state == "processing"
     assert q.ack_batch(handles) == 5
+
+
+def test_sqlite_a_stored_payload_that_is_not_utf8_is_claimed_and_undecodable(sqlite_db: Target, qname: str) -> None:
+    """SQLite keeps whatever bytes a hand-written UPDATE puts in a TEXT column. A payload
+    that is not UTF-8 made every claim that reached it fail ("Could not decode to UTF-8"):
+    the jobs claimed with it were lost to their batch and the queue stuck behind it. It
+    is claimed like any stored payload that is not JSON (the worker fails it), its
+    undecodable bytes read as ``\\xNN``, and the job beside it is served."""
+    store = sqlite_db.store()
+    try:
+        q = store.queue(qname)
+        bad, good = q.enqueue({"a": 1}), q.enqueue({"b": 2})
+        sqlite_db.execute(
+            "UPDATE alkstore_jobs SET payload = CAST(X'7B2261223A2280FF227D' AS TEXT) WHERE id = :id", id=bad,
+        )  # {"a":"<80><FF>"}
+        handles = {h.id: h for h in q.claim_batch("w", 2)}
+        assert set(handles) == {bad, good}
+        assert handles[good].payload == {"b": 2}
+        with pytest.raises(alk.PayloadError):
+            handles[bad].payload  # noqa: B018 - the property decodes
+        assert handles[bad]._described().payload is None
+        raw = store._job_row(bad)
+        assert raw is not None and raw[FIELD["payload"]] == '{"a":"\\x80\\xff"}'
+        assert all(h.ack() for h in handles.values())
+    finally:
+        store.close()
+    # the store's setting went with its connections: none the pool holds has it
+    pooled = [sqlite_db.engine.connect() for _ in range(sqlite_db.engine.pool.checkedin())]  # type: ignore[attr-defined]
+    try:
+        assert pooled and all(c.connection.dbapi_connection.text_factory is str for c in pooled)  # type: ignore[union-attr]
+    finally:
+        for conn in pooled:
+            conn.close()

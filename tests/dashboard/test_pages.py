@@ -139,6 +139,36 @@ def test_a_stored_payload_that_is_not_json_is_shown_as_stored(dash, db: Target, 
     assert q.stats() == alk.QueueStats(0, 0, 0, 0, None)
 
 
+def test_sqlite_a_stored_payload_that_is_not_utf8_is_shown_with_its_bytes_escaped(sqlite_db: Target, qname: str) -> None:
+    """SQLite keeps whatever bytes a hand-written UPDATE puts in a TEXT column: a payload
+    that is not UTF-8 made its queue's page, the dead letters and its job page answer 500.
+    They show it like any stored payload that is not JSON, its undecodable bytes as
+    ``\\xNN``, and its actions work."""
+    store = sqlite_db.store()
+    dash = make_browser("wsgi", store)
+    try:
+        q = store.queue(qname)
+        dead = q.enqueue({"b": 2})
+        h = q.claim_one("w")
+        assert h is not None and h.id == dead and h.fail("undecodable")
+        live = q.enqueue({"a": 1})
+        for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
+            sqlite_db.execute(
+                f"UPDATE {table} SET payload = CAST(X'7B2261223A2280FF227D' AS TEXT) WHERE id = :id", id=job_id,
+            )  # {"a":"<80><FF>"}
+        shown = html.escape('{"a":"\\x80\\xff"}')
+        for path in (f"/queues/{qname}", "/dead", f"/queues/{qname}?state=dead", f"/jobs/{live}", f"/jobs/{dead}"):
+            r = dash.get(path)
+            assert r.status == 200 and shown in r.text, (path, r.status)
+        token = dash.get("/").token()
+        assert dash.post(f"/jobs/{live}/cancel", {"csrf_token": token}).status == 303
+        assert dash.post("/dead/delete", {"csrf_token": token, "id": dead}).status == 303
+        assert store.get_job(live) is None and store.get_job(dead) is None
+    finally:
+        dash.close()
+        store.close()
+
+
 def test_a_schedule_whose_stored_payload_is_not_json_is_listed_as_stored(
     dash, db: Target, store: alk.Store, qname: str
 ) -> None:
