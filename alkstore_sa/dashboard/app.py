@@ -25,24 +25,31 @@ Route = tuple[re.Pattern[str], Callable[..., Response | None]]
 
 STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
 
+
+def _path(pattern: str) -> re.Pattern[str]:
+    """A route's path pattern. DOTALL: a queue name may hold a line break, which ``.``
+    alone would not match (its page and actions would be 404)."""
+    return re.compile(pattern, re.DOTALL)
+
+
 # queue names are greedy (.+): a name may itself contain "/" (sent encoded, decoded by the
 # server); each is taken back from its segment by ``unseg`` (see ``html.seg``)
 GET: list[Route] = [
-    (re.compile(r"/"), queues.queues_page),
-    (re.compile(r"/api/counts"), queues.counts_json),
-    (re.compile(r"/queues/(.+)"), lambda view, q: jobs.queue_page(view, unseg(q))),
-    (re.compile(r"/jobs/(-?\d{1,19})"), lambda view, i: jobs.job_page(view, int(i))),
-    (re.compile(r"/dead"), jobs.dead_page_view),
-    (re.compile(r"/schedules"), inventory.schedules_page),
-    (re.compile(r"/workers"), inventory.workers_page),
-    (re.compile(r"/streams"), inventory.streams_page),
+    (_path(r"/"), queues.queues_page),
+    (_path(r"/api/counts"), queues.counts_json),
+    (_path(r"/queues/(.+)"), lambda view, q: jobs.queue_page(view, unseg(q))),
+    (_path(r"/jobs/(-?\d{1,19})"), lambda view, i: jobs.job_page(view, int(i))),
+    (_path(r"/dead"), jobs.dead_page_view),
+    (_path(r"/schedules"), inventory.schedules_page),
+    (_path(r"/workers"), inventory.workers_page),
+    (_path(r"/streams"), inventory.streams_page),
 ]
 POST: list[Route] = [
-    (re.compile(r"/dead/requeue"), actions.requeue_dead),
-    (re.compile(r"/dead/delete"), actions.delete_dead),
-    (re.compile(r"/jobs/(-?\d{1,19})/cancel"), lambda view, i: actions.cancel(view, int(i))),
-    (re.compile(r"/queues/(.+)/pause"), lambda view, q: actions.pause(view, unseg(q), True)),
-    (re.compile(r"/queues/(.+)/resume"), lambda view, q: actions.pause(view, unseg(q), False)),
+    (_path(r"/dead/requeue"), actions.requeue_dead),
+    (_path(r"/dead/delete"), actions.delete_dead),
+    (_path(r"/jobs/(-?\d{1,19})/cancel"), lambda view, i: actions.cancel(view, int(i))),
+    (_path(r"/queues/(.+)/pause"), lambda view, q: actions.pause(view, unseg(q), True)),
+    (_path(r"/queues/(.+)/resume"), lambda view, q: actions.pause(view, unseg(q), False)),
 ]
 
 

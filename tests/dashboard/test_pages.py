@@ -373,6 +373,24 @@ def test_hostile_names_and_payloads_are_escaped(dash, store: alk.Store, qname: s
     assert f'href="/queues/{_quote(name)}"' in dash.get("/").text
 
 
+def test_queues_named_with_line_breaks_have_their_pages_and_actions(dash, store: alk.Store, qname: str) -> None:
+    """A queue name may hold a line break (the library takes it): the queues page links
+    to its page, which answered 404 (the routes' ``.`` stopped at the newline), and its
+    pause and resume buttons did too."""
+    for name in (f"{qname}\nb", f"{qname}\r\nc", f"{qname}\n"):
+        q = store.queue(name)
+        q.enqueue({"n": 1})
+        link = f'href="/queues/{_quote(name)}"'
+        assert link in dash.get("/").text, name
+        page = dash.get(f"/queues/{_quote(name)}")
+        assert page.status == 200 and html.escape(name) in page.text, (name, page.status)
+        token = page.token()
+        assert dash.post(f"/queues/{_quote(name)}/pause", {"csrf_token": token}).status == 303, name
+        assert q.settings().paused is True, name
+        assert dash.post(f"/queues/{_quote(name)}/resume", {"csrf_token": token}).status == 303, name
+        assert q.settings().paused is False, name
+
+
 def test_payloads_with_lone_surrogates_are_shown_as_json_escapes(dash, store: alk.Store, qname: str) -> None:
     """A payload may hold lone surrogates (they round-trip, SPEC §5); the pages that show
     it (the job, its queue's list, the dead letters, the schedules) write them as the JSON
