@@ -52,13 +52,16 @@ class Lock:
         """Take the lease for ``ttl`` seconds if it is free or lapsed (or already ``owner``'s,
         which extends it); True when ``owner`` holds it now."""
         params = self._params(owner, ttl)
-        with self.store.executor() as ex:
+        # a repeat after a disconnect is harmless: one that landed made the lease owner's,
+        # and the repeat extends it (same answer); ``release`` is never repeated (a repeat
+        # of one that landed would answer False for a lease that was given up)
+        with self.store.executor(retry=True) as ex:
             return self.store.backend.lock_acquire(ex, params)
 
     def renew(self, owner: str, ttl: v.Duration) -> bool:
         """Extend ``owner``'s live lease to now + ``ttl``; False once it lapsed or another holds it."""
         params = self._params(owner, ttl)
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a repeat extends the same live lease again
             return self.store.backend.lock_renew(ex, params)
 
     def release(self, owner: str) -> bool:

@@ -213,7 +213,7 @@ class Scheduler:
     def _rows(self) -> list[tuple[Any, ...]]:
         """The schedule rows, by name in code point order (see ``schedules``)."""
         self.store._check_open()
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a read
             rows = self.store.backend.schedule_list(ex, {}, due=False)
         return sorted(rows, key=lambda r: r[0])
 
@@ -229,7 +229,7 @@ class Scheduler:
         """``tick``; ``paced`` (the runner) skips the schedules still waiting out their
         retry backoff, so one that cannot fire is not retried at the loop's full speed."""
         backend = self.store.backend
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # reads (each fire below is a write: never retried)
             now = backend.read_now(ex, self.store.now())
             rows = backend.schedule_list(ex, {"now": now, "cron_interval": CRON_INTERVAL}, due=True)
         fired = 0
@@ -314,7 +314,7 @@ class Scheduler:
         """Seconds until the next boundary, or None when there are no schedules; a schedule
         waiting out its retry backoff counts at its retry time instead (real seconds)."""
         backend = self.store.backend
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # reads
             now = backend.read_now(ex, self.store.now())
             if not self._failing:
                 nxt = backend.next_fire(ex, {})

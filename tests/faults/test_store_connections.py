@@ -234,28 +234,68 @@ def _cut_off_while_waiting(app: str, tx: sa.RootTransaction, call: Any) -> list[
     return result
 
 
-@pytest.mark.parametrize("read", ["stream.read", "stream.offset", "lock.holder"])
+@pytest.mark.parametrize(
+    "read",
+    ["stream.read", "stream.offset", "lock.holder", "lock.acquire", "lock.renew", "schedules", "tick"],
+)
 def test_a_read_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
     pg: Target, tagged: tuple[str, sa.Engine], qname: str, read: str
 ) -> None:
-    """A stream's or a lock's read whose connection dies while the statement waits answers
-    from a fresh connection, as the queue's reads do (it raised DatabaseError)."""
+    """A stream's, a lock's or the scheduler's read whose connection dies while the
+    statement waits answers from a fresh connection, as the queue's reads do (it raised
+    DatabaseError). So do a lock's acquire and renew by its holder: a repeat of one that
+    landed before the connection died finds the lease its own and extends it again."""
     app, engine = tagged
-    store = alk.Store(engine, schema=pg.schema)
+    clock = [1_000_000.0]
+    store = alk.Store(engine, schema=pg.schema, clock=lambda: clock[0])
     locker = pg.engine.connect()
     stream, lock = store.stream(qname), store.lock(qname)
     calls = {"stream.read": (stream.read, "alkstore_stream_events"),
              "stream.offset": (lambda: stream.offset("c"), "alkstore_stream_offsets"),
-             "lock.holder": (lock.holder, "alkstore_locks")}
+             "lock.holder": (lock.holder, "alkstore_locks"),
+             "lock.acquire": (lambda: lock.acquire("me", 60), "alkstore_locks"),
+             "lock.renew": (lambda: lock.renew("me", 60), "alkstore_locks"),
+             "schedules": (lambda: [s.name for s in store.schedules()], "alkstore_schedules"),
+             "tick": (lambda: store._scheduler().tick(), "alkstore_schedules")}
     call, table = calls[read]
     try:
         offset = stream.publish("x")
         stream.commit("c", offset)
         assert lock.acquire("me", 60)
-        expected = call()
+        store.schedule(qname, "@every 1s", qname, "fire")
+        expected = call() if read != "tick" else 1
+        clock[0] += 1  # the schedule's next boundary is due
         tx = locker.begin()
         locker.execute(sa.text(f"LOCK TABLE {pg.table(table)} IN ACCESS EXCLUSIVE MODE"))
         assert _cut_off_while_waiting(app, tx, call) == [expected]
+        assert lock.holder() is not None and lock.holder().owner == "me"  # type: ignore[union-attr]
+    finally:
+        locker.close()
+        store.unschedule(qname)
+        store.close()
+
+
+def test_lock_release_cut_off_mid_statement_is_not_retried(
+    pg: Target, tagged: tuple[str, sa.Engine], qname: str
+) -> None:
+    """A release whose connection dies after the statement was sent raises: had it landed,
+    a repeat would find nothing to release and answer False for a lease that was given up."""
+    app, engine = tagged
+    store = alk.Store(engine, schema=pg.schema)
+    locker = pg.engine.connect()
+    try:
+        lock = store.lock(qname)
+        assert lock.acquire("me", 60)
+        tx = locker.begin()
+        locker.execute(sa.text(f"LOCK TABLE {pg.table('alkstore_locks')} IN ACCESS EXCLUSIVE MODE"))
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(_capture(lambda: lock.release("me"))))
+        t.start()
+        _terminate([_wait_for_lock_waiter(app)])
+        t.join(30)
+        tx.commit()
+        assert len(result) == 1 and isinstance(result[0], alk.DatabaseError), result
+        assert lock.release("me") is True  # the cut-off release did not land
     finally:
         locker.close()
         store.close()
