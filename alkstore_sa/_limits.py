@@ -116,7 +116,7 @@ def change_params(
             params["rate_limit"] = v.int32(rate_limit, "rate limit", minimum=1)
             if per is UNSET or per is None:
                 raise InvalidOptions("a rate limit needs its window: set_rate_limit(100, per=60) for 100 per minute")
-            params["rate_per"] = v.duration(per, "per", inclusive=False)
+            params["rate_per"] = v.lease(per, "per")  # a window the clock can measure
         fields.append("rate")
     return params, tuple(fields)
 

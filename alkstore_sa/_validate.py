@@ -116,15 +116,23 @@ def duration(value: object, what: str, *, minimum: float = 0.0, inclusive: bool 
 
 
 # The shortest lease (a lock's ttl, the scheduler's lease, a claim's visibility timeout or
-# heartbeat extension): timestamps are epoch seconds
+# heartbeat extension) and the shortest rate window: timestamps are epoch seconds
 # with millisecond precision (SPEC §1), and near today's epoch a float steps by 2.4e-7 s, so
-# now + 1e-7 is now again: a shorter lease would lapse as it is written.
+# now + 1e-7 is now again: a shorter lease would lapse as it is written, and a shorter
+# window would hold no claim but the one being made (no limit at all).
 MIN_LEASE = 0.001
 
 
 def lease(value: object, what: str) -> float:
-    """A lease duration: seconds or a timedelta, at least MIN_LEASE, at most 100 years."""
-    return duration(value, what, minimum=MIN_LEASE)
+    """A lease duration or a rate window: seconds or a timedelta, at least MIN_LEASE, at
+    most 100 years."""
+    f = duration(value, what, minimum=-math.inf)
+    if f < MIN_LEASE:
+        raise InvalidOptions(
+            f"{what} must be >= {MIN_LEASE:g} (timestamps have millisecond precision: a shorter "
+            f"span cannot be measured), got {f!r}"
+        )
+    return f
 
 
 def optional_duration(value: object, what: str, **kw: Any) -> float | None:

@@ -84,6 +84,8 @@ BAD_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("rate bool", {"rate": (True, 1)}),
     ("rate without per", {"rate": (10, None)}),
     ("per 0", {"rate": (10, 0)}),
+    ("per 1ns", {"rate": (10, 1e-9)}),  # below the timestamps' millisecond: cannot be measured
+    ("per 0.5ms", {"rate": (10, timedelta(microseconds=500))}),
     ("per negative", {"rate": (10, -1)}),
     ("per nan", {"rate": (10, math.nan)}),
     ("per inf", {"rate": (10, math.inf)}),
