@@ -111,6 +111,8 @@ def change_params(
         fields.append("concurrency")
     if rate_limit is not UNSET:
         if rate_limit is None:
+            if per is not UNSET and per is not None:
+                v.lease(per, "per")  # a window given with the removal: still a valid one
             params["rate_limit"] = params["rate_per"] = None
         else:
             params["rate_limit"] = v.int32(rate_limit, "rate limit", minimum=1)

@@ -91,6 +91,10 @@ BAD_CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("per inf", {"rate": (10, math.inf)}),
     ("per over 100 years", {"rate": (10, 101 * 365.25 * 86400)}),
     ("per str", {"rate": (10, "60")}),
+    # removing a limit takes its window too, but not a bad one (it was ignored, unchecked)
+    ("removal with per negative", {"rate": (None, -1)}),
+    ("removal with per str", {"rate": (None, "60")}),
+    ("removal with per 1ns", {"rate": (None, 1e-9)}),
 ]
 
 
