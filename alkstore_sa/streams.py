@@ -87,7 +87,7 @@ class Stream:
             "offset": _offset(offset),
             "now": self.store.now(),
         }
-        with self.store.executor() as ex:
+        with self.store.executor(retry=True) as ex:  # a repeat records the same offset again
             self.store.backend.stream_commit(ex, params)
 
     def offset(self, consumer: str) -> int:

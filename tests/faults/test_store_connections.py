@@ -236,15 +236,17 @@ def _cut_off_while_waiting(app: str, tx: sa.RootTransaction, call: Any) -> list[
 
 @pytest.mark.parametrize(
     "read",
-    ["stream.read", "stream.offset", "lock.holder", "lock.acquire", "lock.renew", "schedules", "tick"],
+    ["stream.read", "stream.offset", "lock.holder", "lock.acquire", "lock.renew", "schedules", "tick",
+     "stream.commit"],
 )
 def test_a_read_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
     pg: Target, tagged: tuple[str, sa.Engine], qname: str, read: str
 ) -> None:
     """A stream's, a lock's or the scheduler's read whose connection dies while the
     statement waits answers from a fresh connection, as the queue's reads do (it raised
-    DatabaseError). So do a lock's acquire and renew by its holder: a repeat of one that
-    landed before the connection died finds the lease its own and extends it again."""
+    DatabaseError). So do a lock's acquire and renew by its holder (a repeat of one that
+    landed before the connection died finds the lease its own and extends it again) and a
+    stream consumer's commit (a repeat records the same offset again)."""
     app, engine = tagged
     clock = [1_000_000.0]
     store = alk.Store(engine, schema=pg.schema, clock=lambda: clock[0])
@@ -256,7 +258,8 @@ def test_a_read_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
              "lock.acquire": (lambda: lock.acquire("me", 60), "alkstore_locks"),
              "lock.renew": (lambda: lock.renew("me", 60), "alkstore_locks"),
              "schedules": (lambda: [s.name for s in store.schedules()], "alkstore_schedules"),
-             "tick": (lambda: store._scheduler().tick(), "alkstore_schedules")}
+             "tick": (lambda: store._scheduler().tick(), "alkstore_schedules"),
+             "stream.commit": (lambda: stream.commit("c", offset), "alkstore_stream_offsets")}
     call, table = calls[read]
     try:
         offset = stream.publish("x")
@@ -269,6 +272,7 @@ def test_a_read_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
         locker.execute(sa.text(f"LOCK TABLE {pg.table(table)} IN ACCESS EXCLUSIVE MODE"))
         assert _cut_off_while_waiting(app, tx, call) == [expected]
         assert lock.holder() is not None and lock.holder().owner == "me"  # type: ignore[union-attr]
+        assert stream.offset("c") == offset
     finally:
         locker.close()
         store.unschedule(qname)
