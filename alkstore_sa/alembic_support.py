@@ -239,14 +239,20 @@ def record_version(from_revision: str | None, to_revision: str | None, *, schema
     """Move alkstore's version table from one packaged revision to another, with ``alembic.op``
     (so offline ``--sql`` renders it too): create it on the first install, drop it when the
     schema is taken out again (``to_revision=None``), otherwise update it."""
-    schema = steps.schema_for(op.get_context().dialect.name, schema)
+    context = op.get_context()
+    schema = steps.schema_for(context.dialect.name, schema)
     if from_revision == to_revision:
         return
-    if from_revision is None:
+    table = sa.table(VERSION_TABLE, sa.column("version_num"), schema=schema)
+    if to_revision is None:
+        op.drop_table(VERSION_TABLE, schema=schema)
+    elif from_revision is None:
+        if not context.as_sql and migrations.has_version_table(op.get_bind(), schema or DEFAULT_SCHEMA):
+            # an Alembic downgrade to base (`migrations.downgrade`, the checkout's `alembic
+            # downgrade base`) deletes the version row and keeps the table, empty
+            op.execute(table.insert().values(version_num=op.inline_literal(to_revision)))
+            return
         created = op.create_table(VERSION_TABLE, *_version_columns(), schema=schema)
         op.bulk_insert(created, [{"version_num": to_revision}])
-    elif to_revision is None:
-        op.drop_table(VERSION_TABLE, schema=schema)
     else:
-        table = sa.table(VERSION_TABLE, sa.column("version_num"), schema=schema)
         op.execute(table.update().values(version_num=op.inline_literal(to_revision)))

@@ -317,6 +317,15 @@ def current_revision(connection: Connection, schema: str = DEFAULT_SCHEMA) -> st
     return rows[0] if rows else None
 
 
+def has_version_table(connection: Connection, schema: str = DEFAULT_SCHEMA) -> bool:
+    """Whether alkstore's version table exists (possibly empty: an Alembic downgrade to base
+    deletes its row and keeps the table)."""
+    try:
+        return _has_table(connection, schema, VERSION_TABLE)
+    except sa.exc.DBAPIError as exc:
+        raise _driver_error("could not read the alkstore schema version", exc) from exc
+
+
 def _has_table(connection: Connection, schema: str, table: str) -> bool:
     has_table = _SQLITE_HAS_VERSION_TABLE if connection.dialect.name == "sqlite" else _PG_HAS_VERSION_TABLE
     return connection.execute(has_table, {"schema": schema, "table": table}).first() is not None

@@ -267,6 +267,28 @@ def test_chain_upgrade_on_sqlite_while_the_app_writes(env_vars: dict[str, str], 
     assert app.tables(None) >= ALKSTORE_TABLES
 
 
+def test_chain_revision_over_a_database_the_packaged_runner_took_back_to_base(
+    case: tuple[AlembicApp, str | None],
+) -> None:
+    """A database `alkstore migrate` installed and `alkstore_sa.migrations.downgrade` (or
+    the checkout's `alembic downgrade base`) took out again keeps an empty version table:
+    Alembic removes its row, never the table. The generated revision then failed with
+    "table alkstore_alembic_version already exists"; it records its step in that table."""
+    app, schema = case
+    engine = sa.create_engine(app.url)
+    migrations.upgrade(engine, schema=schema or "alkstore")
+    migrations.downgrade(engine, schema=schema or "alkstore")
+    engine.dispose()
+    assert _recorded(app, schema) is None
+    app.generate(*(["--schema", schema] if schema else []))
+    _ok(app.alembic("upgrade", "head"))
+    assert _recorded(app, schema) == migrations.head_revision()
+    with alk.Store(app.url, schema=schema or "alkstore") as store:
+        store.check_schema()
+    _ok(app.alembic("downgrade", APP_REVISION))
+    assert not ALKSTORE_TABLES & app.tables(schema)
+
+
 def test_chain_downgrade_refuses_a_database_recorded_beyond_it(tmp_path: Path) -> None:
     """Undoing the chain's step-1 revision under steps `alkstore migrate` ran later would
     leave a schema no step describes: refused, nothing changed; once the chain has the
