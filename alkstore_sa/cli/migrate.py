@@ -14,7 +14,9 @@ from ._shown import shown
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("migrate", help="install or upgrade the alkstore tables (idempotent; creates a SQLite file)")
     add_database_options(p, listen=False)
-    p.add_argument("--revision", default="heads", help="target revision (default: head)")
+    p.add_argument(
+        "--revision", default="heads", help="target revision: head, base or an alkstore_NNNN id (default: head)"
+    )
     p.set_defaults(func=run)
 
 
@@ -33,11 +35,14 @@ def run(args: argparse.Namespace) -> int:
             current = migrations.current_revision(conn, args.schema)
     finally:
         engine.dispose()
-    wanted = migrations.head_revision() if args.revision in ("head", "heads") else args.revision
+    wanted = migrations.target_revision(args.revision)
+    if current is None:  # `--revision base` of a database without alkstore
+        print("alkstore schema at base (not installed)")
+        return 0
     if current != wanted:
         # upgrade() only upgrades: it reaches the target unless the database is past it
         print(
-            f"alkstore schema at {shown(current)}, past the requested {shown(wanted)}: migrate only "
+            f"alkstore schema at {shown(current)}, past the requested {shown(wanted or 'base')}: migrate only "
             "upgrades, so nothing was undone (to go back, alkstore_sa.migrations.downgrade(engine, "
             "schema=..., revision=...))"
         )

@@ -165,6 +165,7 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
     from alembic import command
 
     _validate.schema(schema)
+    target = target_revision(revision)
     try:
         with plain_connection(engine) as connection:
             if connection.dialect.name == "sqlite":
@@ -175,7 +176,6 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
             if unrecorded is not None:
                 raise DatabaseError(f"installing the alkstore schema failed: {unrecorded} with "
                                     f"{install_advice(schema, connection.dialect.name).removeprefix('run ')}")
-            target = head_revision() if revision in ("head", "heads") else revision
             if current is not None and current not in packaged_revisions():
                 _beyond_this_library(current, revision)
                 return
@@ -190,17 +190,21 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
 
 
 def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:
-    """Undo the packaged migrations down to ``revision`` (all of them by default)."""
+    """Undo the packaged migrations down to ``revision`` (all of them by default); a
+    database without alkstore is left as it is. ``revision`` as :func:`target_revision`."""
     from alembic.util import CommandError
 
     from alembic import command
 
     _validate.schema(schema)
+    target_revision(revision)
     try:
         with plain_connection(engine) as connection:
             current = current_revision(connection, schema)
             connection.rollback()
-            if current is not None and current not in packaged_revisions():
+            if current is None:
+                return  # nothing installed, nothing to undo (Alembic would create its version table)
+            if current not in packaged_revisions():
                 raise SchemaTooNew(too_new_message(current))
             with connection.begin():
                 command.downgrade(alembic_config(connection, schema), revision)
@@ -208,6 +212,24 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
         raise _driver_error("removing the alkstore schema failed", exc) from exc
     except CommandError as exc:
         raise InvalidOptions(f"alkstore migrations: {exc}") from exc
+
+
+def target_revision(revision: str) -> str | None:
+    """The packaged revision a runner's ``revision`` names (None for ``base``), checked
+    before the database is touched: Alembic creates its version table (and the install the
+    PostgreSQL schema) before it resolves its target, so an unknown one was refused only
+    after writing them. ``InvalidOptions`` for anything but ``head``, ``base`` or a revision
+    id this library ships."""
+    if revision in ("head", "heads"):
+        return head_revision()
+    if revision == "base":
+        return None
+    if isinstance(revision, str) and revision in packaged_revisions():
+        return revision
+    raise InvalidOptions(
+        f"alkstore migrations: unknown revision {revision!r}: give head, base or one of "
+        f"{', '.join(sorted(packaged_revisions()))}"
+    )
 
 
 def plain_connection(engine: Engine) -> Connection:
