@@ -100,6 +100,9 @@ class PgHub:
         self._probe_key = "__alkstore_probe_" + uuid.uuid4().hex
         self._probe = "pending"  # pending → running → done (the verdict: listen_works)
         self._probe_seen = threading.Event()
+        # set while the live connection LISTENs on the probe channel (from the end of its
+        # connect until it is lost): only then can a probe's notification arrive
+        self._probe_ready = threading.Event()
         self._probe_thread: threading.Thread | None = None
         # the round-trip probe's verdict: None until it ran, False where notifications do
         # not come through (PgBouncer's transaction pooling; logged once as a WARNING)
@@ -176,6 +179,7 @@ class PgHub:
         with self._state:
             self._state.notify_all()
         self._probe_seen.set()  # a probe in progress stops waiting (and judges nothing)
+        self._probe_ready.set()  # (and one waiting for a connection stops too)
         self._thread.join(timeout=5)
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=5)  # it may hold one of the engine's connections
@@ -274,6 +278,7 @@ class PgHub:
     def _connect(self) -> ListenConnection:
         proxied = self._checkout()
         self._conn = conn = ListenConnection(proxied.dbapi_connection, self._dispatch)
+        self._generation += 1
         tune_socket(
             conn.fileno, idle=KEEPALIVE_IDLE, interval=KEEPALIVE_INTERVAL, count=KEEPALIVE_COUNT,
             user_timeout_ms=TCP_USER_TIMEOUT_MS,
@@ -287,9 +292,7 @@ class PgHub:
         self._drain_commands()
         for key in list(self._queue_keys):
             self.fanout.dispatch(key, 0, "")
-        # counted once the probe channel is LISTENed: a probe that sees a new generation
-        # knows its next notification can arrive
-        self._generation += 1
+        self._probe_ready.set()
         if probe:
             self._probe = "running"
             self._probe_thread = threading.Thread(target=self._run_probe, name="alkstore-listen-probe", daemon=True)
@@ -297,6 +300,7 @@ class PgHub:
         return conn
 
     def _lost(self, exc: BaseException) -> None:
+        self._probe_ready.clear()
         self._drop()
         with self._state:
             self._active.clear()
@@ -469,7 +473,10 @@ class PgHub:
         )
         retry = PROBE_RETRY
         while True:
+            self._probe_ready.wait()  # a connection LISTENs on the probe channel (or closed)
             generation = self._generation
+            if not self._probe_ready.is_set():
+                continue  # lost meanwhile: that generation may be the next, not yet LISTENing
             self._probe_seen.clear()  # before the closed check: close() sets it after setting closed
             if self._closed.is_set():
                 return
@@ -489,7 +496,7 @@ class PgHub:
             if arrived:
                 self._verdict(True)
                 return
-            if self._generation == generation and self._conn is not None:
+            if self._generation == generation and self._probe_ready.is_set():
                 self._verdict(False)
                 log.warning(_PROBE_WARNING, PROBE_TIMEOUT)
                 return

@@ -277,7 +277,7 @@ def test_a_probe_spanning_a_reconnection_reaches_a_verdict(pg: Target) -> None:
             pid, generation = hub.backend_pid, hub._generation
             killed.append(pid)
             pg.execute("SELECT pg_catalog.pg_terminate_backend(:pid)", pid=pid)
-            wait_for(lambda: hub._generation > generation, "the listener to reconnect")
+            wait_for(lambda: hub._generation > generation and hub._probe_ready.is_set(), "the listener to reconnect")
 
     try:
         _presence_wakes(store, f"probe-reconnect-{uuid.uuid4().hex[:8]}")
