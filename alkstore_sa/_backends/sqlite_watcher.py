@@ -39,7 +39,7 @@ import selectors
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -64,9 +64,17 @@ MIN_GAP = 0.002  # seconds between two looks prompted by file events (the module
 SAVE_ROWS = NOTIFY_KEEP // 2
 SAVE_EVERY = 1.0
 HEARTBEAT = NOTIFY_READER_TTL / 6
-# A heartbeat waits this long for SQLite's write lock, then tries again at the next look
-# (the watcher thread must not sit out a long write transaction of another process).
+# Saving or dropping the reading place waits this long for SQLite's write lock: a save not
+# made is tried again at the next look, a place not dropped expires (the watcher thread, and
+# a listen() or close() holding it, must not sit out a long write transaction elsewhere).
 HEARTBEAT_BUSY_MS = 100
+SQLITE_BUSY, SQLITE_LOCKED = 5, 6
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "the write lock is taken" (busy or locked, any variant)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
 
 
 class SqliteHub:
@@ -134,12 +142,16 @@ class SqliteHub:
                 # keeps every row the new subscription is owed (a later subscription's rows
                 # come after it, and the place saved already keeps them)
                 try:
-                    self._save_place()
+                    with self._briefly_waiting():
+                        self._save_place()
                 except Exception as exc:  # noqa: BLE001 - e.g. a read-only database file
-                    log.warning(
-                        "alkstore SQLite watcher: cannot save its reading place (%s); a subscription "
-                        "that falls more than %d notifications behind may miss some", exc, NOTIFY_KEEP,
-                    )
+                    if _is_busy(exc):  # another connection writes: the next look saves it
+                        log.debug("alkstore SQLite watcher: reading place not saved yet (%s)", exc)
+                    else:
+                        log.warning(
+                            "alkstore SQLite watcher: cannot save its reading place (%s); a subscription "
+                            "that falls more than %d notifications behind may miss some", exc, NOTIFY_KEEP,
+                        )
                     self._place = (-1, float("-inf"))  # not saved: tried again at the next look
             start = self._scalar(self._max_note_sql()) or 0
             if first:
@@ -174,7 +186,8 @@ class SqliteHub:
             return
         self._place = None
         try:
-            self._backend.notify_reader_drop(RawExecutor(self._conn, self._backend), {"consumer": self._reader})
+            with self._briefly_waiting():
+                self._backend.notify_reader_drop(RawExecutor(self._conn, self._backend), {"consumer": self._reader})
         except Exception:  # noqa: BLE001 - the row expires on its own
             log.debug("alkstore SQLite watcher: could not drop its reading place", exc_info=True)
 
@@ -188,11 +201,18 @@ class SqliteHub:
         moved = self._last_note - saved
         if not ((moved > 0 and (moved >= SAVE_ROWS or age >= SAVE_EVERY)) or age >= HEARTBEAT):
             return
-        self._conn.execute(f"PRAGMA busy_timeout = {HEARTBEAT_BUSY_MS}")
         try:
-            self._save_place()
+            with self._briefly_waiting():
+                self._save_place()
         except Exception:  # noqa: BLE001 - tried again at the next look, well within the TTL
             log.debug("alkstore SQLite watcher: reading place not saved this time", exc_info=True)
+
+    @contextlib.contextmanager
+    def _briefly_waiting(self) -> Iterator[None]:
+        """The watcher's connection waits at most ``HEARTBEAT_BUSY_MS`` for the write lock."""
+        self._conn.execute(f"PRAGMA busy_timeout = {HEARTBEAT_BUSY_MS}")
+        try:
+            yield
         finally:
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 

@@ -4,6 +4,7 @@ SQLite notifications table's engine-side cap."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from datetime import timedelta
@@ -16,7 +17,7 @@ from alkstore_sa import migrations
 from alkstore_sa._backends.sql import NOTIFY_READERS
 from alkstore_sa._backends.sqlite import NOTIFY_KEEP, NOTIFY_PRUNE_EVERY, NOTIFY_READER_TTL
 from alkstore_sa._backends.sqlite_watcher import SAVE_EVERY, SAVE_ROWS
-from tests.support import Target, new_pg_schema
+from tests.support import Target, new_pg_schema, wait_for
 
 DELIVERY = 10.0  # seconds a delivery may take before the test fails (never a speed claim)
 QUIET = 0.3  # seconds of silence that stand for "not delivered" where no fence fits
@@ -497,3 +498,38 @@ def test_sqlite_a_read_only_listener_still_receives(sqlite_db: Target, caplog: p
     sub.close()
     reader.close()
     writer.close()
+
+
+def test_sqlite_listen_and_close_do_not_wait_out_another_connections_write(sqlite_db: Target) -> None:
+    """While another connection holds SQLite's write lock (an application's open write
+    transaction), the first ``listen()`` of a store waited for it to end and the last
+    subscription's ``close()`` (and so ``store.close()``) sat out the whole 60 s busy
+    timeout — holding the watcher, whose deliveries and wakes stopped meanwhile. Saving and
+    dropping the reading place now wait at most briefly; a place not saved is saved at a
+    later look."""
+    store = sqlite_db.store()
+    writer = sqlite3.connect(sqlite_db.url.removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False)
+    try:
+        first = store.listen("first")
+        writer.execute("BEGIN IMMEDIATE")
+        done: dict[str, alk.Subscription | None] = {}
+
+        def close_then_listen() -> None:
+            first.close()  # the store's last subscription: its place is dropped
+            done["closed"] = None
+            done["listening"] = store.listen("second")  # the first again: a place is saved
+
+        caller = threading.Thread(target=close_then_listen, daemon=True)
+        caller.start()
+        caller.join(30)  # against the 60 s busy timeout they waited out
+        assert not caller.is_alive(), f"still waiting for the other connection's write lock: {sorted(done)}"
+        writer.execute("ROLLBACK")
+        sub = done["listening"]
+        assert sub is not None
+        store.notify("second", "heard")
+        assert _payloads(sub, 1) == ["heard"]
+        wait_for(lambda: len(_places(sqlite_db)) == 1, "the reading place to be saved at a later look")
+        sub.close()
+    finally:
+        writer.close()
+        store.close()
