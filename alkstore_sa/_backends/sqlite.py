@@ -24,6 +24,7 @@ from ..schema import (
     queue_settings,
     stream_events,
     stream_offsets,
+    streams,
 )
 from .base import Backend
 from .queue_ops import Turn, claim_in_turn
@@ -257,6 +258,19 @@ class SQLiteBackend(Backend):
             readers.stream == NOTIFY_READERS_SQL,
             readers.updated_at < self.now() - sa.literal_column(repr(NOTIFY_READER_TTL)),
         )
+
+    def stream_offsets_of(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, int]:
+        """Last offset of each stream named in ``:names`` (a JSON array): the watcher's change
+        detection, for the streams it has subscribers of (an application may have a stream
+        per tenant: reading every counter at each look would cost a look that much)."""
+
+        def build() -> sa.Executable:
+            names = sa.func.json_each(bp("names", sa.Text)).table_valued("value")
+            return sa.select(streams.c.name, streams.c.last_offset).where(
+                streams.c.name.in_(sa.select(names.c.value))
+            )
+
+        return {name: int(last) for name, last in ex.rows(self.sql("stream_offsets_of", build), params)}
 
     def notify_reader_drop(self, ex: Executor, params: Mapping[str, Any]) -> None:
         """The watcher ``:consumer`` has no subscriptions left: it holds nothing back."""

@@ -33,6 +33,7 @@ the drain). So it watches only while someone needs it:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import selectors
@@ -377,12 +378,16 @@ class SqliteHub:
             self._last_note = rows[-1][0]
 
     def _read_streams(self) -> None:
-        if not self.streams.channel_keys():
+        """Wake the subscribers of each watched stream whose counter moved; only those
+        streams' counters are read (and remembered)."""
+        watched = self.streams.channel_keys()
+        if not watched:
+            self._stream_offsets = {}
             return
-        offsets = self._backend.stream_offsets(RawExecutor(self._conn, self._backend), {})
+        offsets = self._backend.stream_offsets_of(RawExecutor(self._conn, self._backend), {"names": json.dumps(watched)})
+        known, self._stream_offsets = self._stream_offsets, offsets
         for name, last in offsets.items():
-            if last != self._stream_offsets.get(name):
-                self._stream_offsets[name] = last
+            if last != known.get(name):
                 self.streams.dispatch(name, last, "")
 
     def _read_jobs(self) -> None:

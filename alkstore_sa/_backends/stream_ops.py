@@ -79,6 +79,6 @@ class StreamOps(Core):
         return ex.rowcount(sql, params)
 
     def stream_offsets(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, int]:
-        """Last offset of every stream (the SQLite watcher's change detection)."""
+        """Last offset of every stream (the dashboard)."""
         sql = self.sql("stream_offsets", lambda: sa.select(streams.c.name, streams.c.last_offset))
         return {name: int(last) for name, last in ex.rows(sql, params)}
