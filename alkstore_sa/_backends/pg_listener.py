@@ -72,7 +72,9 @@ class PgHub:
         self._engine = engine
         self._listen_engine = listen_engine or engine
         self.fanout = FanOut()
-        self._queue_keys: set[str] = set()
+        # the wake keys of the queue and stream watches (woken after every reconnection), with
+        # how many watches each has: a key goes when its last watch does (guarded by _state)
+        self._queue_keys: dict[str, int] = {}
         self._commands: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._pipe_lock = threading.Lock()  # no write to the pipe once close() closed it
@@ -135,11 +137,29 @@ class PgHub:
         ``key`` — and after every reconnection, since wakes sent meanwhile were lost.
         Never fails for an unreachable database: the watch stays registered, is LISTENed
         when the listener connects, and the consumer's re-poll covers the gap."""
-        self._queue_keys.add(key)
-        return self._register(key, lambda _seq, _payload: wake(), strict=False)
+        with self._state:
+            self._queue_keys[key] = self._queue_keys.get(key, 0) + 1
+        try:
+            return self._register(key, lambda _seq, _payload: wake(), strict=False)
+        except BaseException:
+            self._unwatched(key)
+            raise
 
     def unwatch_queue(self, key: str, token: int) -> None:
         self.unsubscribe(key, token)
+        self._unwatched(key)
+
+    def _unwatched(self, key: str) -> None:
+        with self._state:
+            left = self._queue_keys.get(key, 0) - 1
+            if left > 0:
+                self._queue_keys[key] = left
+            else:
+                self._queue_keys.pop(key, None)
+
+    def _watched_keys(self) -> list[str]:
+        with self._state:
+            return list(self._queue_keys)
 
     def advertise(self, key: str) -> None:
         """Say that a consumer of the queue whose wake channel is ``key`` found it empty and
@@ -188,7 +208,7 @@ class PgHub:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._wake_r = self._wake_w = -1
-        for key in list(self._queue_keys):
+        for key in self._watched_keys():
             self.fanout.dispatch(key, 0, "")
         self.fanout.close()
 
@@ -290,7 +310,7 @@ class PgHub:
         for key in self.fanout.channel_keys():
             self._listen(key)
         self._drain_commands()
-        for key in list(self._queue_keys):
+        for key in self._watched_keys():
             self.fanout.dispatch(key, 0, "")
         self._probe_ready.set()
         if probe:

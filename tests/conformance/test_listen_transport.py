@@ -227,3 +227,21 @@ def test_safety_check_runs_in_a_busy_directory(sqlite_db: Target) -> None:
         assert took < SAFETY_POLL * 3
     finally:
         store.close()
+
+
+def test_pg_ended_stream_subscriptions_leave_nothing_in_the_listener(pg_db: Target) -> None:
+    """Each stream (and queue) a subscription or worker had watched stayed in the PostgreSQL
+    listener's set of wake keys after it ended — walked at every reconnection and at close:
+    a process following per-tenant streams that come and go grew it without bound."""
+    store = pg_db.store()
+    try:
+        for n in range(20):
+            stop = alk.StopToken()
+            events = store.stream(f"tenant-{n}").subscribe("c", stop)
+            store.stream(f"tenant-{n}").publish(n)
+            assert next(events).payload == n  # the subscription watches its stream
+            stop.stop()
+            events.close()
+        assert not store.hub()._queue_keys
+    finally:
+        store.close()
