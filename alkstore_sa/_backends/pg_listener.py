@@ -341,7 +341,11 @@ class PgHub:
     def _listen(self, key: str) -> None:
         if not self.fanout.has(key) or key in self._active:
             return
-        self._execute("LISTEN", key)
+        if self.listen_works is not False:
+            self._execute("LISTEN", key)
+        # else behind a transaction pooler (the probe): a LISTEN would register whichever
+        # server connection ran it, which then gets the channel's notifications while idle in
+        # the pool or hands them to another client; nothing would come here anyway
         with self._state:
             self._active.add(key)
             self._state.notify_all()
@@ -357,7 +361,8 @@ class PgHub:
             self._forget(key)
         if held:
             self._release_presence(key)
-        self._execute("UNLISTEN", key)
+        if self.listen_works is not False:  # (nothing was LISTENed: ``_listen``)
+            self._execute("UNLISTEN", key)
 
     def _drain_commands(self) -> None:
         self._release_woken()

@@ -159,6 +159,45 @@ def test_an_idle_worker_leaves_no_presence_lock_on_a_pooled_server_connection(
         engine.dispose()
 
 
+def test_once_listen_is_known_not_to_work_the_listener_sends_no_more_listens(
+    bouncer: pgbouncer.Bouncer, pg: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each LISTEN sent through a transaction pooler registers whichever server connection
+    ran it: those connections then get the channel's notifications while idle in the pool
+    (PgBouncer logs "got packet 'A' from server when not linked" for each) or hand them to
+    another client. Once the probe showed that LISTEN does not work, the listener kept
+    sending LISTEN (and UNLISTEN) for every channel and stream subscribed later."""
+    monkeypatch.setattr(pg_listener, "PROBE_TIMEOUT", 1.0)
+    sent: list[str] = []
+    execute = pg_wire.ListenConnection.execute
+
+    def spy(self: pg_wire.ListenConnection, command: str, key: str | None, timeout: float) -> None:
+        sent.append(command)
+        execute(self, command, key, timeout)
+
+    monkeypatch.setattr(pg_wire.ListenConnection, "execute", spy)
+    engine = sa.create_engine(bouncer.url, connect_args=NO_PREPARE)
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        hub = store.hub()
+        wait_for(lambda: hub.listen_works is not None, "the probe's verdict")
+        assert hub.listen_works is False
+        sent.clear()
+        sub = store.listen("later")  # still returns (docs/pgbouncer.md): it receives nothing
+        sub.close()
+        stop = alk.StopToken()
+        events = store.stream("later-stream").subscribe("c", stop)
+        store.stream("later-stream").publish(1)
+        assert next(events).payload == 1  # by its re-read
+        stop.stop()
+        events.close()
+        store.listen("fence").close()  # the listener has run every command sent before
+        assert [c for c in sent if "LISTEN" in c] == []
+    finally:
+        store.close()
+        engine.dispose()
+
+
 def test_a_direct_listener_beside_a_pooled_engine_gets_notifications(
     bouncer: pgbouncer.Bouncer, pg: Target, caplog: pytest.LogCaptureFixture
 ) -> None:
