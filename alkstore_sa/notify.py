@@ -4,6 +4,7 @@ subscription that was listening when the notify committed."""
 from __future__ import annotations
 
 import queue
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,9 +66,24 @@ class Subscription:
         self._store = store
         self._closed = False
         self._hub = store.hub()
-        self._token = self._hub.subscribe(self._key, self._deliver, self._store_closed)
+        # The hub keeps only weak references: a subscription dropped without close() is
+        # freed, and nothing queues notifications for it any more (its registration, a
+        # closure, stays until the store closes).
+        me = weakref.ref(self)
 
-    def _deliver(self, _seq: int, payload: str) -> None:
+        def deliver(_seq: int, payload: str) -> None:
+            sub = me()
+            if sub is not None:
+                sub._deliver(payload)
+
+        def store_closed() -> None:
+            sub = me()
+            if sub is not None:
+                sub._store_closed()
+
+        self._token = self._hub.subscribe(self._key, deliver, store_closed)
+
+    def _deliver(self, payload: str) -> None:
         self._items.put(Notification(self.channel, payload))
 
     def _store_closed(self) -> None:

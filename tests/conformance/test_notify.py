@@ -4,9 +4,11 @@ SQLite notifications table's engine-side cap."""
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -313,6 +315,20 @@ def test_closed_subscription_receives_nothing_and_close_is_idempotent(store: alk
     assert sub.get() is None, "get() without timeout must not block on a closed subscription"
     assert list(sub) == []
     keep.close()
+
+
+def test_a_subscription_dropped_without_close_is_freed_and_queues_nothing(store: alk.Store) -> None:
+    """The store's listener held every subscription, so one dropped without ``close()`` (a
+    request handler's, say) was never freed and went on queueing every notification of its
+    channel for nobody: memory grew with the traffic, for the life of the store."""
+    dropped = store.listen("dropped")
+    gone = weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    assert gone() is None, "the store still holds the dropped subscription"
+    with store.listen("dropped") as live:  # the channel still works for the others
+        store.notify("dropped", "after")
+        assert live.get(timeout=DELIVERY) == alk.Notification("dropped", "after")
 
 
 def test_listen_on_a_closed_store_raises(db: Target) -> None:
