@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._rows import in_calendar
 from .model import QueueStats
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def read_gauges(store: Store) -> dict[str, QueueGauges]:
         for i, n in enumerate(numbers):
             c[i] += int(n)
         if first_run_at is not None:
-            oldest[queue] = float(first_run_at)
+            oldest[queue] = in_calendar(float(first_run_at))  # a hand-written -inf: still an age
     result: dict[str, QueueGauges] = {}
     for queue in sorted(counts):
         ready, scheduled, processing, dead = counts[queue]

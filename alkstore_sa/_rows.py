@@ -21,8 +21,29 @@ _fromtimestamp = datetime.fromtimestamp
 NO_PAYLOAD: Any = object()  # "not decoded yet"
 
 
+_FIRST = datetime.min.replace(tzinfo=_UTC)
+_LAST = datetime.max.replace(tzinfo=_UTC)
+FIRST_EPOCH = _FIRST.timestamp()
+LAST_EPOCH = _LAST.timestamp()
+
+
 def ts(value: float | None) -> datetime | None:
-    return None if value is None else _fromtimestamp(value, _UTC)
+    """Epoch seconds as stored → an aware UTC datetime. A timestamp column is a float: one
+    written by hand may name no date (``1e300``, an infinity, NaN); it reads as the
+    calendar's first or last instant (NaN as the first) instead of failing the read —
+    a claim that took the job, a listing of its queue."""
+    if value is None:
+        return None
+    try:
+        return _fromtimestamp(value, _UTC)
+    except (OverflowError, OSError, ValueError):
+        return _LAST if value > 0 else _FIRST
+
+
+def in_calendar(value: float) -> float:
+    """Epoch seconds within the dates ``ts`` gives (NaN: the first), for arithmetic on a
+    stored timestamp (an age) that must stay a finite number."""
+    return FIRST_EPOCH if not value >= FIRST_EPOCH else min(value, LAST_EPOCH)
 
 
 def _float(value: float | None) -> float | None:

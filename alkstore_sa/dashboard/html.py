@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from .._json_shown import compact, indented_within
+from .._rows import ts
 from .csrf import FIELD
 from .http import Request, Response
 from .target import own_url
@@ -61,7 +62,8 @@ def when(value: datetime | float | None) -> str:
     if value is None:
         return "-"
     if not isinstance(value, datetime):
-        value = datetime.fromtimestamp(float(value), timezone.utc)
+        value = ts(float(value))
+        assert value is not None
     return value.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 

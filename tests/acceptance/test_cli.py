@@ -387,6 +387,35 @@ def test_dead_list_and_show_a_job_whose_stored_payload_is_not_utf8_on_sqlite(tmp
             st.close()
 
 
+def test_timestamps_written_by_hand_past_the_calendar_are_listed(cli: Cli) -> None:
+    """A timestamp column is a float: a row written by hand may hold one no date has
+    (``1e300``, an infinity). ``dead list`` and ``dead show`` failed ("unexpected error:
+    OverflowError") and ``status --json`` printed ``Infinity`` (not JSON): the dates are the
+    calendar's first or last instant, the oldest ready job's age a number."""
+    s = cli.install()
+    q = s.queue("odd", max_attempts=1)
+    dead = q.enqueue({"a": 1})
+    h = q.claim_one("w")
+    assert h is not None and h.fail("boom")
+    live = q.enqueue({"b": 2})
+    prefix = f'"{cli.schema}".' if cli.kind == "postgresql" else ""
+    with sa.create_engine(cli.url).begin() as conn:
+        conn.execute(sa.text(f"UPDATE {prefix}alkstore_dead_jobs SET died_at = :inf WHERE id = :id"),
+                     {"inf": float("inf"), "id": dead})
+        conn.execute(sa.text(f"UPDATE {prefix}alkstore_jobs SET run_at = :v, created_at = :v WHERE id = :id"),
+                     {"v": -1e300, "id": live})
+    (line,) = cli.ok("dead", "list", "--queue", "odd").splitlines()
+    assert line.split("\t")[:2] == [str(dead), "9999-12-31T23:59:59+00:00"]
+    assert json.loads(cli.ok("dead", "show", str(dead)))["died_at"].startswith("9999-12-31T23:59:59")
+    assert json.loads(cli.ok("dead", "show", str(live)))["run_at"].startswith("0001-01-01T00:00:00")
+
+    def refuse(constant: str) -> object:
+        raise AssertionError(f"not JSON: {constant}")
+
+    status = json.loads(cli.ok("status", "--json"), parse_constant=refuse)
+    assert status["odd"]["ready"] == 1 and status["odd"]["oldest_ready_age"] > 0
+
+
 def test_dead_requeue_of_a_job_whose_unique_key_is_held_says_it_was_not_requeued(cli: Cli) -> None:
     """A dead job whose unique key a live job holds is not requeued (SPEC §14: nothing is
     written, the dead row stays): the command must say so and exit 1, not print

@@ -3,6 +3,8 @@ the call does not already hold and fills in the rest (queue, worker, clock, dead
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
 import alkstore_sa as alk
@@ -55,3 +57,21 @@ def test_sqlite_a_stored_payload_that_is_not_utf8_is_claimed_and_undecodable(sql
     finally:
         for conn in pooled:
             conn.close()
+
+
+def test_a_job_whose_timestamps_were_written_past_the_calendar_is_claimed(db: Target, store: alk.Store, qname: str) -> None:
+    """A timestamp column is a float: a row written by hand may hold one no date has. The
+    claim that took such a job raised OverflowError after claiming it (the whole batch
+    lost, again at each reclaim); its dates read as the calendar's first or last instant."""
+    q = store.queue(qname)
+    odd, plain = q.enqueue({"a": 1}), q.enqueue({"b": 2})
+    db.execute(
+        f"UPDATE {db.table('alkstore_jobs')} SET run_at = :low, created_at = :low, expires_at = :high WHERE id = :id",
+        low=float("-inf"), high=1e300, id=odd,
+    )
+    handles = {h.id: h for h in q.claim_batch("w", 2)}
+    assert set(handles) == {odd, plain}
+    job = handles[odd].job
+    assert job.run_at == job.created_at == datetime.min.replace(tzinfo=timezone.utc)
+    assert job.expires_at == datetime.max.replace(tzinfo=timezone.utc)
+    assert all(h.ack() for h in handles.values())

@@ -169,6 +169,44 @@ def test_sqlite_a_stored_payload_that_is_not_utf8_is_shown_with_its_bytes_escape
         store.close()
 
 
+def _strict_json(text: str) -> object:
+    """JSON as the standard has it: ``Infinity`` and ``NaN`` (which a browser's
+    ``JSON.parse`` refuses) are errors."""
+    import json
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_timestamps_written_by_hand_past_the_calendar_are_shown(dash, db: Target, store: alk.Store, qname: str) -> None:
+    """A timestamp column is a float: a row written by hand may hold one no date has
+    (``1e300``, an infinity). Every page showing such a job answered 500 (and the counts
+    JSON said ``Infinity``): the dates are shown as the calendar's first or last instant,
+    and the oldest ready job's age stays a number."""
+    q = store.queue(qname)
+    dead = q.enqueue({"b": 2})
+    h = q.claim_one("w")
+    assert h is not None and h.fail("boom")
+    live = q.enqueue({"a": 1})
+    db.execute(
+        f"UPDATE {db.table('alkstore_jobs')} SET run_at = :past, created_at = :far WHERE id = :id",
+        past=float("-inf"), far=1e300, id=live,
+    )
+    db.execute(
+        f"UPDATE {db.table('alkstore_dead_jobs')} SET died_at = :inf, created_at = :low WHERE id = :id",
+        inf=float("inf"), low=-1e300, id=dead,
+    )
+    for path in ("/", f"/queues/{qname}", f"/queues/{qname}?state=dead", "/dead", f"/jobs/{live}", f"/jobs/{dead}"):
+        r = dash.get(path)
+        assert r.status == 200, (path, r.status)
+    assert "9999-12-31T23:59:59+00:00" in dash.get(f"/jobs/{dead}").text
+    assert "0001-01-01T00:00:00+00:00" in dash.get(f"/jobs/{live}").text
+    counts = _strict_json(dash.get("/api/counts").text)["queues"][qname]  # type: ignore[index]
+    assert counts["ready"] == 1 and counts["oldest_ready_age"] > 0
+
+
 def test_a_schedule_whose_stored_payload_is_not_json_is_listed_as_stored(
     dash, db: Target, store: alk.Store, qname: str
 ) -> None:
