@@ -39,12 +39,13 @@ def run(args: argparse.Namespace) -> int:
             server = make_server(create_wsgi_app(store, read_only=args.read_only), args.host, args.port)
         except OSError as exc:  # e.g. the port is taken: the one-line error, exit 1
             raise OSError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
-        if not _loopback(str(server.server_address[0])):
+        bound = str(server.server_address[0])  # "" (every interface) is 0.0.0.0 here
+        if not _loopback(bound):
             # not refused (a container or a trusted network may want it), but never silent
             log.warning(
                 "the dashboard has no login: listening on %s, anyone who reaches it can see "
                 "payloads%s; bind to 127.0.0.1 or put authentication in front (docs/operations.md)",
-                args.host, "" if args.read_only else " and requeue, delete and cancel jobs",
+                bound, "" if args.read_only else " and requeue, delete and cancel jobs",
             )
         stop = stop_on_signals("stopping the dashboard")
         mode = " (read-only)" if args.read_only else ""

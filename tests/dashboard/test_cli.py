@@ -126,10 +126,11 @@ def _serve_on(db: Target, host: str) -> tuple[str, str]:
 def test_listening_beyond_loopback_warns_once_on_stderr(sqlite_db: Target) -> None:
     """The dashboard has no login: bound to every interface it says so in one line on
     stderr (and serves anyway); on a loopback address it says nothing of the kind."""
-    _, err = _serve_on(sqlite_db, "0.0.0.0")
-    warned = [line for line in err.splitlines() if "no login" in line]
-    assert len(warned) == 1, err
-    assert "WARNING" in warned[0] and "0.0.0.0" in warned[0], warned
+    for host in ("0.0.0.0", ""):  # "": every interface too
+        _, err = _serve_on(sqlite_db, host)
+        warned = [line for line in err.splitlines() if "no login" in line]
+        assert len(warned) == 1, err
+        assert "WARNING" in warned[0] and "listening on 0.0.0.0," in warned[0], warned
     for host in ("127.0.0.1", "localhost"):
         _, err = _serve_on(sqlite_db, host)
         assert "no login" not in err and "WARNING" not in err, (host, err)
