@@ -5,6 +5,8 @@ longer pending answers 409 with the reason."""
 
 from __future__ import annotations
 
+import re
+
 from .._backends.queue_ops import Requeued
 from ..errors import InvalidOptions
 from ..model import Job
@@ -47,13 +49,21 @@ def form_ids(request: Request) -> list[int]:
         raise InvalidOptions("job ids must be integers") from None
 
 
+def _form_text(text: str) -> str:
+    """``text`` as an HTML form submits it: a browser turns every line break in a field's
+    value (CR, LF or CRLF) into CRLF, so a queue name holding one comes back so."""
+    return re.sub(r"\r\n|\r|\n", "\r\n", text)
+
+
 def _dead_jobs(view: View) -> list[Job]:
-    """The selected dead jobs (of the form's ``queue`` when given); others are skipped."""
+    """The selected dead jobs (of the form's ``queue`` when given, compared as a form
+    carries a name); others are skipped."""
     queue = view.request.field("queue") or None
+    wanted = None if queue is None else _form_text(queue)
     jobs = []
     for job_id in form_ids(view.request):
         found = stored_job(view.store, job_id)
-        if found is not None and found[0].state == "dead" and (queue is None or found[0].queue == queue):
+        if found is not None and found[0].state == "dead" and (wanted is None or _form_text(found[0].queue) == wanted):
             jobs.append(found[0])
     return jobs
 

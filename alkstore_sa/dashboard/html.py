@@ -26,7 +26,10 @@ NAV = (
 
 
 def esc(value: object) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """Text for HTML content or a quoted attribute value. A carriage return is written as a
+    character reference: a browser reads a raw one in the source as a line feed (HTML
+    input preprocessing), so an attribute or a form field would carry another name."""
+    return html.escape("" if value is None else str(value), quote=True).replace("\r", "&#13;")
 
 
 def url(request: Request, path: str, query: Mapping[str, object] | None = None) -> str:

@@ -288,3 +288,44 @@ def test_refresh_of_queues_named_like_object_properties(browser: Any, own_db: Ta
                 assert row.find_element(By.CSS_SELECTOR, "td[data-age]").text == "-", name
     finally:
         store.close()
+
+
+def test_queues_named_with_line_breaks_keep_their_counts_and_actions(
+    browser: Any, db: Target, qname: str, tmp_path: Path,
+) -> None:
+    """A browser reads a carriage return in the page's source as a line feed (HTML input
+    preprocessing), so a queue name holding one, written into an attribute as it is, was
+    another name once parsed: the refresh found no counts for its row (zeros). And a form
+    submits every line break of a field as CRLF, so the requeue button of a dead job whose
+    queue name holds one posted another name, which requeued nothing."""
+    from selenium.webdriver.common.by import By
+
+    store = db.store()
+    try:
+        names = (f"{qname}\r\nb", f"{qname}\rc", f"{qname}\nd")
+        dead = {}
+        for name in names:
+            q = store.queue(name)
+            dead[name] = q.enqueue({"n": 1})
+            h = q.claim_one("w")
+            assert h is not None and h.fail("boom")
+            q.enqueue({"n": 2})
+        with serve_dashboard(db) as dash:
+            browser.get(dash.url("/"))
+            wait_until(browser, lambda d: d.find_element(By.ID, "queues").get_attribute("data-refreshed"),
+                       "the counts' refresh")
+            shot(browser, tmp_path, "refreshed")
+            rows = {r.get_attribute("data-queue"): r for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-queue]")}
+            for name in names:
+                assert name in rows, (name, list(rows))
+                cells = {c.get_attribute("data-count"): c.text
+                         for c in rows[name].find_elements(By.CSS_SELECTOR, "td[data-count]")}
+                assert cells == {"ready": "1", "scheduled": "0", "processing": "0", "dead": "1"}, repr(name)
+            for name in names:
+                browser.get(dash.url(f"/jobs/{dead[name]}"))
+                browser.find_element(By.ID, "requeue-btn").click()
+                wait_until(browser, lambda d, name=name: store.queue(name).stats().dead == 0,
+                           f"the requeue of {name!r}")
+                assert store.queue(name).stats().ready == 2
+    finally:
+        store.close()

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
+from alkstore_sa.dashboard.html import esc
 from tests.conftest import ENGINES, require_pg
 from tests.dashboard.conftest import make_browser
 from tests.dashboard.seed import counts_in, job_ids, next_link, row_of, seed
@@ -421,7 +422,7 @@ def test_queues_named_with_line_breaks_have_their_pages_and_actions(dash, store:
         link = f'href="/queues/{_quote(name)}"'
         assert link in dash.get("/").text, name
         page = dash.get(f"/queues/{_quote(name)}")
-        assert page.status == 200 and html.escape(name) in page.text, (name, page.status)
+        assert page.status == 200 and esc(name) in page.text, (name, page.status)
         token = page.token()
         assert dash.post(f"/queues/{_quote(name)}/pause", {"csrf_token": token}).status == 303, name
         assert q.settings().paused is True, name
