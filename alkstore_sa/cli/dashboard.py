@@ -32,11 +32,15 @@ def run(args: argparse.Namespace) -> int:
     from ..dashboard import create_wsgi_app
     from ..dashboard.server import make_server, serve_until, served_url
 
+    host = args.host
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it
+        host = host[1:-1]
+
     store = open_store(args)
     try:
         store.check_schema()  # a missing or old schema is said now, not on the first page view
         try:
-            server = make_server(create_wsgi_app(store, read_only=args.read_only), args.host, args.port)
+            server = make_server(create_wsgi_app(store, read_only=args.read_only), host, args.port)
         except OSError as exc:  # e.g. the port is taken: the one-line error, exit 1
             raise OSError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
         bound = str(server.server_address[0])  # "" (every interface) is 0.0.0.0 here

@@ -134,3 +134,25 @@ def test_listening_beyond_loopback_warns_once_on_stderr(sqlite_db: Target) -> No
     for host in ("127.0.0.1", "localhost"):
         _, err = _serve_on(sqlite_db, host)
         assert "no login" not in err and "WARNING" not in err, (host, err)
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_an_ipv6_host_in_brackets_as_in_a_url(sqlite_db: Target) -> None:
+    """``--host [::1]`` (the address as a URL writes it, and as the serving line prints
+    it) failed with "Name or service not known"; it serves on ::1, like ``--host ::1``."""
+    if not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback on this machine")
+    for host in ("::1", "[::1]"):
+        line, err = _serve_on(sqlite_db, host)
+        assert line.startswith("alkstore dashboard: serving http://[::1]:"), (host, line)
+        assert "WARNING" not in err, err
