@@ -147,7 +147,7 @@ class TaskCall(Generic[P]):
         # the native path of alk.aenqueue: the sync form runs on the caller's async connection,
         # its statements compiled for that connection's driver (asyncpg, aiosqlite, psycopg)
         return await run_in_async_transaction(
-            session, "enqueue", lambda sync: self.enqueue(sync, *args, **kwargs)
+            session, "enqueue", lambda sync: self.enqueue(sync, *args, **kwargs), owner="task"
         )
 
 
@@ -440,7 +440,7 @@ class _Defaults:
 def _queue_in(session: EnqueueTarget, task: Task[..., Any]) -> Queue:
     """A handle with the task's stamps on the store that ``alk.enqueue`` would use for this
     session's engine. (It begins the session's transaction, as ``alk.enqueue`` does.)"""
-    store = store_for(connection_of(cast(Any, session)))
+    store = store_for(connection_of(cast(Any, session), owner="task"))
     if not isinstance(store, Store):
         store = cast(Store, _Defaults(store))
     return Queue._unchecked(cast(Store, store), task.queue, task.opts)

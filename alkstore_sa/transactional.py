@@ -37,15 +37,16 @@ AsyncSessionLike = Union["AsyncSession", "async_scoped_session[Any]", "AsyncConn
 T = TypeVar("T")
 
 
-def connection_of(session: SessionLike, function: str = "enqueue") -> Connection:
+def connection_of(session: SessionLike, function: str = "enqueue", owner: str = "alk") -> Connection:
     """The Connection carrying the caller's transaction (begun if it was not yet).
-    ``function`` names the caller's function in the error for a wrong argument."""
+    ``owner.function`` names the caller's function in the error for a wrong argument
+    (``alk.enqueue``; ``task.enqueue`` for a Task's)."""
     if isinstance(session, Connection):
-        _refuse_outside_run_sync(session.dialect, session, function)
+        _refuse_outside_run_sync(session.dialect, session, function, owner)
         return session
     if isinstance(session, (Session, scoped_session)):
-        bind = _bind_of(session, function)
-        _refuse_outside_run_sync(bind.dialect, session, function)  # before any I/O
+        bind = _bind_of(session, function, owner=owner)
+        _refuse_outside_run_sync(bind.dialect, session, function, owner)  # before any I/O
         try:
             return session.connection()
         except Exception as exc:
@@ -61,7 +62,9 @@ def connection_of(session: SessionLike, function: str = "enqueue") -> Connection
     )
 
 
-def _bind_of(session: Session | scoped_session[Any], function: str, *, is_async: bool = False) -> Any:
+def _bind_of(
+    session: Session | scoped_session[Any], function: str, *, is_async: bool = False, owner: str = "alk"
+) -> Any:
     """The Engine or Connection the session runs on; InvalidOptions for a session bound to
     none (``session.connection()`` would raise SQLAlchemy's UnboundExecutionError). Binds
     per mapper or table only say nothing either: these functions touch no mapped class."""
@@ -71,19 +74,19 @@ def _bind_of(session: Session | scoped_session[Any], function: str, *, is_async:
         kind, conn = ("an AsyncSession", "an AsyncConnection (await ") if is_async else (
             f"a {type(session).__name__}", "a Connection (")
         raise InvalidOptions(
-            f"alk.{function} got {kind} with no bind: bind it to an engine, or pass {conn}"
+            f"{owner}.{function} got {kind} with no bind: bind it to an engine, or pass {conn}"
             "session.connection(bind_arguments={'mapper': Model}))"
         ) from None
 
 
-def _refuse_outside_run_sync(dialect: Any, session: object, function: str) -> None:
+def _refuse_outside_run_sync(dialect: Any, session: object, function: str, owner: str = "alk") -> None:
     """The synchronous facade of an async session or connection (``.sync_session``,
     ``.sync_connection``) works only inside ``run_sync``; called directly, its driver fails
     mid-call and leaves the caller's transaction unusable. Refused before any I/O."""
     if dialect.is_async and not in_greenlet():
         raise InvalidOptions(
-            f"alk.{function} got a {type(session).__name__} of an async engine ({dialect.driver}) "
-            f"outside run_sync: use `await alk.a{function}(...)` with the AsyncSession or AsyncConnection"
+            f"{owner}.{function} got a {type(session).__name__} of an async engine ({dialect.driver}) "
+            f"outside run_sync: use `await {owner}.a{function}(...)` with the AsyncSession or AsyncConnection"
         )
 
 
@@ -95,15 +98,18 @@ def is_async_session(session: object) -> bool:
     return isinstance(session, (AsyncSession, AsyncConnection, async_scoped_session))
 
 
-async def run_in_async_transaction(session: AsyncSessionLike, function: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+async def run_in_async_transaction(
+    session: AsyncSessionLike, function: str, fn: Callable[..., T], *args: Any, owner: str = "alk", **kw: Any
+) -> T:
     """Run the sync form ``fn`` in the async caller's transaction: ``run_sync`` hands it the
-    synchronous facade (Session or Connection) of that same transaction."""
+    synchronous facade (Session or Connection) of that same transaction. ``owner`` names
+    whose ``a``-function was called in errors (``alk``; ``task`` for a Task's)."""
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
     if isinstance(session, async_scoped_session):
         session = session()  # the AsyncSession of the current scope
     if isinstance(session, AsyncSession):
-        _bind_of(session.sync_session, f"a{function}", is_async=True)  # before run_sync names the sync form
+        _bind_of(session.sync_session, f"a{function}", is_async=True, owner=owner)  # before run_sync names the sync form
     if isinstance(session, (AsyncSession, AsyncConnection)):
         return await session.run_sync(fn, *args, **kw)
     if isinstance(session, (Session, scoped_session, Connection)):

@@ -344,6 +344,41 @@ def test_a_session_with_no_bind_raises_invalid_options(store: alk.Store) -> None
     assert q.stats().pending == 0
 
 
+def test_a_tasks_refusals_name_the_tasks_own_methods(tmp_path) -> None:
+    """A session a task cannot enqueue through (one bound to no engine, the sync facade of
+    an AsyncSession) is refused with an InvalidOptions that names ``task.enqueue`` /
+    ``task.aenqueue``, the call the user made and the one to make instead: not
+    ``alk.aenqueue(...)``, whose (session, queue, payload) a task call does not take."""
+    target = sqlite_target(str(tmp_path))
+    tasks = alk.Tasks()
+
+    @tasks.task(queue="named")
+    def job(x: int) -> None: ...
+
+    async def scenario() -> None:
+        engine = create_async_engine(async_url("aiosqlite", target))
+        try:
+            for call in (lambda s: job.aenqueue(s, 1), lambda s: job.using(priority=1).aenqueue(s, 1)):
+                with pytest.raises(alk.InvalidOptions, match=r"^task\.aenqueue got an AsyncSession with no bind"):
+                    await call(AsyncSession())
+            async with AsyncSession(engine) as session:
+                for sync_form in (session.sync_session, (await session.connection()).sync_connection):
+                    with pytest.raises(alk.InvalidOptions, match=r"^task\.enqueue got .* use `await task\.aenqueue\(\.\.\.\)`") as info:
+                        job.enqueue(sync_form, 1)
+                    assert "alk." not in str(info.value)
+        finally:
+            await engine.dispose()
+
+    for session in (Session(), scoped_session(sessionmaker())):
+        with pytest.raises(alk.InvalidOptions, match=r"^task\.enqueue got a \w+ with no bind") as info:
+            job.enqueue(session, 1)
+        assert "alk." not in str(info.value)
+    asyncio.run(scenario())
+    with target.store() as store:
+        assert store.queue("named").stats().pending == 0
+    target.engine.dispose()
+
+
 def test_register_takes_async_engines_of_every_supported_driver(_pg_module_target: Target) -> None:
     target = _pg_module_target
     with target.store() as store:
