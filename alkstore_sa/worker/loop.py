@@ -5,7 +5,9 @@ job becomes an asyncio task of its own; the jobs of one claim are handed over to
 with one wake-up of the loop (``submit_all``). Closing cancels whatever still runs on the
 loop — jobs abandoned after the grace period, tasks that jobs spawned and left behind —
 gives them a bounded time to unwind (their ``finally`` blocks run), then stops and closes
-the loop, as ``asyncio.run`` does at its end.
+the loop, as ``asyncio.run`` does at its end. A loop that a job's sync code blocks past that
+time is left to do the same by itself: the cancellation is queued, and once the blocking call
+returns the tasks are cancelled at their next ``await``, then the loop stops and closes.
 
 Until then nothing ends the loop: a ``SystemExit`` or ``KeyboardInterrupt`` raised by a task
 (asyncio lets those two escape ``run_forever``), or a ``loop.stop()`` from a job, is logged
@@ -74,7 +76,8 @@ class EventLoopThread:
                 try:
                     loop.run_forever()
                     if self._closing:
-                        return  # close() stopped it
+                        loop.close()  # close() stopped it (after the cancellation it queued ran)
+                        return
                     # a job (or a library it calls) called loop.stop(): only close() ends the
                     # loop, or every later async job would sit in its slot unrun
                     log.error("the worker's event loop was stopped by a job (loop.stop()); it keeps running")
@@ -87,6 +90,9 @@ class EventLoopThread:
                         "an asyncio task or callback on the worker's event loop raised %s; "
                         "the loop keeps running", type(exc).__name__, exc_info=exc,
                     )
+                    if self._closing:  # it escaped the last step before the stop close() asked for
+                        loop.close()
+                        return
 
         self._thread = threading.Thread(target=run, name=self.name, daemon=True)
         self._thread.start()
@@ -96,28 +102,38 @@ class EventLoopThread:
 
     def close(self, timeout: float = UNWIND_TIMEOUT) -> None:
         """Cancel every task still on the loop, wait up to ``timeout`` seconds for them to
-        unwind, then stop and close the loop. A loop that a coroutine blocks (sync code
-        that never yields) cannot be closed: that is logged and its thread left behind."""
+        unwind, then stop and close the loop (its thread closes it). A loop that a coroutine
+        blocks (sync code that never yields) is not waited for: that is logged, and the loop
+        stops only after the cancellation queued here has run, once the blocking call
+        returns — so the tasks still get their ``CancelledError`` and the loop is closed."""
         loop, thread = self.loop, self._thread
         if loop is None or thread is None:
             return
         unwound = asyncio.run_coroutine_threadsafe(_cancel_all(timeout), loop)
+        # the loop stops once the cancellation is done: at once if it already is, else when
+        # the (blocked) loop gets to run it; stopping it before then would leave the tasks
+        # suspended at their ``await`` for good, never cancelled
+        unwound.add_done_callback(lambda _: loop.call_soon_threadsafe(self._stop_closing, loop))
         try:
             left = unwound.result(timeout + 1.0)
         except concurrent.futures.TimeoutError:
-            left = -1
-        self._closing = True
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout if left >= 0 else 1.0)
-        if thread.is_alive():
             log.warning(
                 "the worker's event loop is blocked (a coroutine runs sync code that never "
-                "yields): it could not be stopped and is left running"
+                "yields): its tasks will be cancelled, and the loop closed, once that call returns"
             )
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("the worker's event loop is blocked while its tasks unwind; it stops and closes by itself")
             return
         if left > 0:
             log.warning("%d asyncio task(s) ignored cancellation at shutdown and were dropped", left)
-        loop.close()
+
+    def _stop_closing(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(On the loop.) Stop it for good: its thread then closes it (a ``loop.stop()`` of a
+        job, before this, is not the end: see ``_start``)."""
+        self._closing = True
+        loop.stop()
 
 
 class _CallThreads(concurrent.futures.ThreadPoolExecutor):

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 import alkstore_sa as alk
 from alkstore_sa.worker import acker, claimer
+from alkstore_sa.worker.loop import EventLoopThread
 from tests.conformance.test_worker import running
 from tests.support import WAIT, FakeClock, Target, wait_for
 
@@ -1063,6 +1064,35 @@ def test_an_async_task_blocking_the_event_loop_keeps_its_claim(store: alk.Store,
         release.set()
         wait_for(lambda: q.get_job(job_id) is None, "the ack")
         r.stop_and_join()
+
+
+def test_an_async_job_blocking_the_loop_through_shutdown_is_cancelled_once_it_yields() -> None:
+    """docs/worker.md (graceful stop): async jobs still running at the end are cancelled, so
+    their ``finally`` blocks run, and the worker leaves no loop behind. A job whose sync code
+    blocks the loop past the unwind time cannot be cancelled then; once the blocking call
+    returns and the job next awaits, it is cancelled and the loop closed. (The loop used to
+    stop at that point instead, with the job suspended at its ``await`` for good: its
+    ``finally`` never ran and the loop was never closed.)"""
+    loop_thread = EventLoopThread(name="alkstore-loop-blocked")
+    blocking, release, unwound = threading.Event(), threading.Event(), threading.Event()
+
+    async def job() -> None:
+        blocking.set()
+        release.wait(2 * WAIT)  # sync: the loop is blocked until the test releases it
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            unwound.set()
+
+    loop_thread.submit_all([job()], contextvars.copy_context())
+    assert blocking.wait(WAIT)
+    loop_thread.close(timeout=0.05)  # what the worker's stop does: it cannot wait for the blocked loop
+    release.set()
+    assert unwound.wait(WAIT), "the job was never cancelled: its finally block did not run"
+    assert loop_thread._thread is not None and loop_thread.loop is not None
+    loop_thread._thread.join(WAIT)
+    assert not loop_thread._thread.is_alive()
+    assert loop_thread.loop.is_closed()
 
 
 def test_a_lost_claim_of_an_async_task_is_not_acked(
