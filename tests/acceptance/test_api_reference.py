@@ -1,16 +1,22 @@
 """docs/api.md stays a reference of the code: every name in ``alkstore_sa.__all__`` appears in
 it, and so does every keyword option of the public functions and methods (read from their
-signatures), so a new option or name cannot land undocumented."""
+signatures), so a new option or name cannot land undocumented; and every signature it writes
+is the code's (names, order, keyword-only or not, defaults), for the optional modules too."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
 import inspect
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import alkstore_sa as alk
+from alkstore_sa import errors
 
 API = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
 INTERNAL = {"executor", "session_executor", "hub"}  # listed as internal, options not documented
@@ -96,3 +102,135 @@ def test_the_reference_says_what_a_failed_transactional_call_leaves() -> None:
                  "transactional-enqueue.md#when-a-call-fails", "raises `SchemaOutdated` naming the command",
                  "store.check_schema()"]:
         assert said in errors, said
+
+
+# -- signatures, mechanically ------------------------------------------------------------------
+# Each section of docs/api.md writes the signatures of its owners' members (in a table's first
+# column, or starting a line); a signature qualified with `alk.` or
+# `alkstore_sa.MODULE.` is read wherever it stands. Every one that parses as a Python
+# parameter list must be exactly the code's: names, order, positional or keyword-only,
+# defaults. And every public function and method has one.
+
+OPTIONAL = {name: pytest.importorskip(f"alkstore_sa.{name}") for name in ("tracing", "flask", "metrics", "dashboard")}
+OWNERS: dict[str, list[object]] = {
+    "Store": [alk.Store], "Queue": [alk.Queue], "JobHandle": [alk.JobHandle],
+    "Caller's-transaction functions": [alk], "Tasks": [alk.Tasks, alk.Task], "Worker": [alk.Worker],
+    "Outbox": [alk.Outbox], "Lock": [alk.Lock], "Stream": [alk.Stream], "Subscription": [alk.Subscription],
+    "StopToken": [alk.StopToken], "Data classes": [alk, alk.QueueOpts], "Errors": [alk, errors],
+    "Tracing": [OPTIONAL["tracing"]], "Flask": [OPTIONAL["flask"]], "Metrics": [OPTIONAL["metrics"], OPTIONAL["metrics"].Collector],
+    "Dashboard": [OPTIONAL["dashboard"]],
+}
+_SIGNATURE = re.compile(r"`(?:await )?((?:alk\.|alkstore_sa\.[\w.]+\.)?[\w.]+)\(([^`]*?)\)(?: -> [^`]*)?`")
+_KINDS = {
+    inspect.Parameter.POSITIONAL_ONLY: "positional", inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+    inspect.Parameter.KEYWORD_ONLY: "keyword", inspect.Parameter.VAR_POSITIONAL: "*",
+    inspect.Parameter.VAR_KEYWORD: "**",
+}
+Params = list[tuple[str, str, object]]
+
+
+def _written_params(args: str) -> Params | None:
+    """``args`` as (name, kind, default) triples; None for prose such as ``name, ...``."""
+    try:
+        a = ast.parse(f"def f({args}): pass").body[0].args  # type: ignore[attr-defined]
+    except SyntaxError:
+        return None
+    none = inspect.Parameter.empty
+    positional = a.posonlyargs + a.args
+    defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    out: Params = [(p.arg, "positional", none if d is None else ast.literal_eval(d))
+                   for p, d in zip(positional, defaults, strict=True)]
+    out += [(a.vararg.arg, "*", none)] if a.vararg else []
+    out += [(p.arg, "keyword", none if d is None else ast.literal_eval(d))
+            for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    out += [(a.kwarg.arg, "**", none)] if a.kwarg else []
+    return out
+
+
+def _code_params(obj: Any) -> Params:
+    return [(p.name, _KINDS[p.kind], p.default) for p in inspect.signature(obj).parameters.values()
+            if p.name not in ("self", "cls")]
+
+
+def _written_signatures() -> list[tuple[str, str, Params, list[Any]]]:
+    """(section, name as written, its parameters, the members it may name)."""
+    found = []
+    for chunk in re.split(r"\n(?=## )", API)[1:]:
+        title = chunk.split("\n", 1)[0][3:].strip()
+        owners = OWNERS.get(title, [])
+        for line in re.split(r"\n(?=\|)|\n\n", chunk):
+            table_row = line.startswith("|")
+            text = line.split(" | ")[0] if table_row else line
+            for m in _SIGNATURE.finditer(text):
+                name = m[1]
+                qualified = name.startswith(("alk.", "alkstore_sa."))
+                line_start = m.start() == 0 or text[m.start() - 1] == "\n"
+                if not (owners and (table_row or line_start) or qualified):
+                    continue
+                params = _written_params(m[2])
+                if params is None:
+                    continue
+                short = name.rsplit(".", 1)[-1]
+                if name.startswith("alkstore_sa."):
+                    module = importlib.import_module(name.rsplit(".", 1)[0])
+                    candidates = [getattr(module, short, None)]
+                elif name.startswith("alk."):
+                    candidates = [getattr(alk, short, None)]
+                elif "." in name:  # `QueueOpts.validated(...)`, `store.check_schema()`; not `session.…`
+                    head = {"store": alk.Store}.get(name.split(".")[0], getattr(alk, name.split(".")[0], None))
+                    if not inspect.isclass(head):
+                        continue
+                    candidates = [getattr(head, short, None)]
+                else:
+                    candidates = [getattr(o, short, None) for o in owners]
+                found.append((title, name, params, [c for c in candidates if callable(c) and not inspect.ismodule(c)]))
+    return found
+
+
+WRITTEN = _written_signatures()
+
+
+@pytest.mark.parametrize(("section", "name", "params", "candidates"), WRITTEN,
+                         ids=[f"{s}:{n}" for s, n, _, _ in WRITTEN])
+def test_every_written_signature_is_the_codes(section: str, name: str, params: Params, candidates: list[Any]) -> None:
+    assert candidates, f"{section}: {name} names nothing in the code"
+    assert any(_code_params(c) == params for c in candidates), (
+        f"{section}: {name}{params} is not the code's {[_code_params(c) for c in candidates]}"
+    )
+
+
+def _public_routines() -> list[tuple[str, Any]]:
+    found = []
+    for owner_name, owner in [("alk", alk)] + [(n, m) for n, m in OPTIONAL.items()]:
+        for name in owner.__all__:
+            obj = getattr(owner, name)
+            if inspect.isfunction(obj):
+                found.append((f"{owner_name}.{name}", obj))
+            elif inspect.isclass(obj):
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_") or attr in INTERNAL or isinstance(member, property):
+                        continue
+                    func = member.__func__ if isinstance(member, classmethod | staticmethod) else member
+                    if inspect.isfunction(func):
+                        found.append((f"{owner_name}.{name}.{attr}", getattr(obj, attr)))
+    return found
+
+
+ASYNC_TWINS = {"aenqueue", "aenqueue_many", "aget_job", "anotify", "aoutbox_enqueue", "apublish"}
+
+
+@pytest.mark.parametrize(("name", "obj"), _public_routines(), ids=[n for n, _ in _public_routines()])
+def test_every_public_function_and_method_has_its_signature_written(name: str, obj: Any) -> None:
+    short = name.rsplit(".", 1)[-1]
+    if name.startswith("alk.") and short in ASYNC_TWINS:  # written `await aenqueue(session, ...)`
+        obj = getattr(alk, short[1:])
+        assert f"await {short}(" in API, name
+    code = _code_params(obj)
+    func = getattr(obj, "__func__", obj)  # a classmethod's bound method is made at each access
+    assert any(any(getattr(c, "__func__", c) is func for c in cands) and params == code
+               for _, _, params, cands in WRITTEN), f"{name}{code} has no signature in docs/api.md"
+
+
+@pytest.mark.parametrize("name", sorted(ASYNC_TWINS))
+def test_an_async_twin_takes_what_its_sync_function_takes(name: str) -> None:
+    assert _code_params(getattr(alk, name)) == _code_params(getattr(alk, name[1:]))
