@@ -5,6 +5,7 @@ import ``tests.conftest`` and cannot run from an sdist."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,15 @@ def test_the_version_the_command_prints_is_the_distributions() -> None:
 
     project = _pyproject()["project"]
     assert isinstance(project, dict) and project["version"] == alkstore_sa.__version__
+
+
+def test_the_install_guide_lists_every_extra() -> None:
+    """docs/install.md's install commands name every optional extra the package declares
+    (it listed postgres, metrics and flask, not tracing: a reader of the install guide did
+    not learn that `alkstore_sa.tracing` needs `alkstore-sa[tracing]` until its import
+    failed)."""
+    extras = set(_pyproject()["project"]["optional-dependencies"]) - {"dev"}  # type: ignore[index]
+    install = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    commands = install.split("```sh\n", 1)[1].split("```", 1)[0]
+    listed = set(re.findall(r"pip install 'alkstore-sa\[(\w+)\]'", commands))
+    assert listed == extras, sorted(extras - listed)
