@@ -177,7 +177,7 @@ def upgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "heads
                 raise DatabaseError(f"installing the alkstore schema failed: {unrecorded} with "
                                     f"{install_advice(schema, connection.dialect.name).removeprefix('run ')}")
             if current is not None and current not in packaged_revisions():
-                _beyond_this_library(current, revision)
+                _beyond_this_library(current)
                 return
             if current == target:
                 return
@@ -205,7 +205,11 @@ def downgrade(engine: Engine, schema: str = DEFAULT_SCHEMA, revision: str = "bas
             if current is None:
                 return  # nothing installed, nothing to undo (Alembic would create its version table)
             if current not in packaged_revisions():
-                raise SchemaTooNew(too_new_message(current))
+                raise SchemaTooNew(
+                    f"this database records alkstore revision {current!r}, which this alkstore_sa "
+                    f"(head {head_revision()}) does not ship, so it cannot undo it: downgrade with "
+                    "the alkstore_sa release that migrated it"
+                )
             with connection.begin():
                 command.downgrade(alembic_config(connection, schema), revision)
     except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:
@@ -276,10 +280,11 @@ def enable_wal(connection: Connection) -> None:
         cursor.close()
 
 
-def _beyond_this_library(current: str, revision: str) -> None:
-    """``upgrade()`` on a database at a revision this library does not ship."""
+def _beyond_this_library(current: str) -> None:
+    """``upgrade()`` on a database at a revision this library does not ship. A usable newer
+    schema is past every target (each is a packaged revision): nothing to do."""
     verdict = schema_verdict(current)
-    if verdict == "newer" and revision in ("head", "heads"):
+    if verdict == "newer":
         log.warning(
             "this database was migrated by a newer alkstore_sa (revision %s; this version ships "
             "%s): nothing to migrate. Its later steps are additive, so this version uses the "

@@ -172,6 +172,37 @@ def test_cli_migrate_against_a_newer_unusable_schema(fresh: Target) -> None:
     assert recorded(fresh) == NEWER_BREAKING
 
 
+@pytest.mark.parametrize("target", ["alkstore_0001", "base"])
+def test_migrate_to_an_older_target_on_a_newer_usable_schema_changes_nothing(fresh: Target, target: str) -> None:
+    """A deploy step pinned to a revision (`alkstore migrate --revision R`) of the older
+    release, after a newer one migrated the database additively: the database is past R,
+    as on an older release's own later step, so nothing is undone and it says so, exit 0
+    (was: SchemaTooNew, exit 1, "only releases with schema step 1 or later can use; this
+    one ships alkstore_0003: upgrade alkstore_sa", which this release is)."""
+    stamp(fresh, NEWER_ADDITIVE)
+    migrations.upgrade(fresh.engine, schema=fresh.schema, revision=target)
+    res = subprocess.run(
+        [str(ALKSTORE), "migrate", "--url", fresh.url, "--schema", fresh.schema, "--revision", target],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"past the requested {target}" in res.stdout and "nothing was undone" in res.stdout, res.stdout
+    assert recorded(fresh) == NEWER_ADDITIVE
+
+
+@pytest.mark.parametrize("revision", [NEWER_ADDITIVE, NEWER_BREAKING])
+def test_a_downgrade_of_steps_this_release_does_not_ship_says_which_release_can(fresh: Target, revision: str) -> None:
+    """This release cannot undo steps it does not ship, however usable the schema is: the
+    refusal names the release that can, rather than "upgrade alkstore_sa" (contradicting
+    itself for an additive schema); nothing changes."""
+    stamp(fresh, revision)
+    with pytest.raises(alk.SchemaTooNew) as info:
+        migrations.downgrade(fresh.engine, schema=fresh.schema, revision="alkstore_0001")
+    message = str(info.value)
+    assert revision in message and "cannot undo" in message and "upgrade alkstore_sa" not in message, message
+    assert recorded(fresh) == revision
+
+
 def test_outdated_schema_still_names_the_migration(fresh: Target) -> None:
     stamp(fresh, "alkstore_0000")
     with fresh.store() as store, pytest.raises(alk.SchemaOutdated, match="alkstore migrate"):
