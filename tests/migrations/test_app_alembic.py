@@ -108,6 +108,26 @@ def test_upgrade_check_downgrade(case: tuple[AlembicApp, str | None]) -> None:
     assert app.tables(schema) >= ALKSTORE_TABLES
 
 
+def test_an_env_comparing_every_schema_needs_the_filter_too(tmp_path: Path) -> None:
+    """An env.py with ``include_schemas=True`` (apps with several schemas) reflects
+    alkstore's own schema as well: without ``include_name`` its ``alembic check`` fails with
+    ``remove_table`` even though alkstore's tables are not in the app's schema, which
+    install.md said was the case where the filter is not needed."""
+    require_pg()
+    with fresh_pg_database("alkschemas") as url:
+        app = write_app(tmp_path, url, "postgresql")
+        app.generate("--schema", "alk_own")
+        every_schema = {"APP_CONFIGURE": '{"include_schemas": true}'}
+        _ok(app.alembic("upgrade", "head", env_vars=every_schema))
+        unfiltered = app.alembic("check", alkstore_filter=False, env_vars=every_schema)
+        said = unfiltered.stdout + unfiltered.stderr
+        assert unfiltered.returncode != 0 and "remove_table" in said and "alkstore_jobs" in said, said
+        assert "No new upgrade operations detected" in _ok(app.alembic("check", env_vars=every_schema))
+    recipe = " ".join(ROOT.joinpath("docs", "install.md").read_text().split("`include_name` skips", 1)[1]
+                      .split("If your env already", 1)[0].split())
+    assert "include_schemas=True" in recipe, recipe
+
+
 def _recorded(app: AlembicApp, schema: str | None) -> str | None:
     engine = sa.create_engine(app.url)
     try:
