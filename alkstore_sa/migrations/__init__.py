@@ -271,13 +271,30 @@ def enable_wal(connection: Connection) -> None:
     except connection.dialect.loaded_dbapi.Error as exc:
         # a raw DBAPI cursor: SQLAlchemy wraps nothing here, so the driver's own exception
         # (sqlite3.OperationalError) would escape every caller's DBAPIError handling
-        raise _driver_error(
-            "switching the SQLite database to WAL mode failed (it can switch only while no other "
-            "connection has a transaction open on the file: end the application's open "
-            "transactions, or stop its processes, and install again)", exc,
-        ) from exc
+        raise _driver_error(f"switching the SQLite database to WAL mode failed{_wal_advice(exc)}", exc) from exc
     finally:
         cursor.close()
+
+
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8
+
+
+def _wal_advice(exc: BaseException) -> str:
+    """What to do about a failed switch to WAL mode, by SQLite's primary result code: the
+    busy case has its own cure, a read-only file another, and other errors none to add."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    text = str(exc)
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "database is locked" in text:
+        return (
+            " (it can switch only while no other connection has a transaction open on the file: "
+            "end the application's open transactions, or stop its processes, and install again)"
+        )
+    if code == _SQLITE_READONLY or "readonly database" in text:
+        return (
+            " (the install writes to the file: open it read-write, and make the file and its "
+            "directory, where SQLite keeps the -wal and -shm files, writable by this process)"
+        )
+    return ""
 
 
 def _beyond_this_library(current: str) -> None:

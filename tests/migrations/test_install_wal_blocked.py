@@ -60,3 +60,31 @@ def test_cli_migrate_while_another_connection_reads_says_why(tmp_path: Path) -> 
     assert done.returncode == 1, err
     assert len(err.splitlines()) == 1 and "WAL" in err and "no other connection" in err, err
     assert "unexpected error" not in err
+
+
+def test_install_on_a_file_opened_read_only_says_it_cannot_write(tmp_path: Path) -> None:
+    """A file the install may not write (here opened ``mode=ro``; a read-only file or
+    directory alike): the failure was blamed on "another connection's open transaction"
+    (the busy case's advice), which no one had. It says the file cannot be written, and
+    the CLI's one line does too; nothing changes."""
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as app:
+        app.execute("CREATE TABLE app_orders (id INTEGER PRIMARY KEY)")
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    engine = sa.create_engine(url)
+    try:
+        with pytest.raises(alk.DatabaseError, match="WAL") as info:
+            migrations.upgrade(engine)
+    finally:
+        engine.dispose()
+    message = str(info.value)
+    assert "readonly" in message and "no other connection" not in message, message
+    assert "writable" in message, message  # what to do about it
+    done = subprocess.run([str(Path(sys.executable).with_name("alkstore")), "migrate", "--url", url],
+                          capture_output=True, text=True, timeout=120)
+    err = done.stderr.strip()
+    assert done.returncode == 1 and len(err.splitlines()) == 1, err
+    assert "readonly" in err and "no other connection" not in err, err
+    with sqlite3.connect(path) as app:
+        assert app.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert {r[0] for r in app.execute("SELECT name FROM sqlite_master")} == {"app_orders"}
