@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 import traceback
 from typing import Any
@@ -107,6 +108,11 @@ def _database_message(exc: BaseException, args: argparse.Namespace | None) -> st
         where = _url_shown(args)
         where = f" {where}" if where else ""
         check = "--url" if args is not None else "the database URL"  # None: not our CLI's (flask.py)
+        if isinstance(orig, sqlite3.Error):  # no server: the file itself could not be opened
+            return (
+                f"cannot open the SQLite database{where}: {text} (check {check}: it must name a "
+                "database file, not a directory, that this process may open)"
+            )
         return f"cannot connect to the database{where}: {text} (check {check} and that the server is running)"
     if sqlstate == "42501":  # insufficient_privilege
         return (

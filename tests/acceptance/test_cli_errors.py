@@ -598,3 +598,18 @@ def test_worker_logs_the_signal_that_stops_it(sqlite_db: Target, tmp_path: Path,
     assert f"received {sig.name}; stopping" in err, err
     assert "Traceback" not in err
 
+
+
+@pytest.mark.parametrize(("command", "database"), [("status", "a-directory"), ("migrate", "a-directory"),
+                                                   ("migrate", "read-only-uri-of-a-missing-file")])
+def test_a_sqlite_file_that_cannot_be_opened_is_not_blamed_on_a_server(tmp_path: Path, command: str,
+                                                                      database: str) -> None:
+    """SQLite has no server: "unable to open database file" said "check --url and that the
+    server is running". It says what SQLite needs instead, naming the file."""
+    (tmp_path / "a-directory").mkdir()
+    url = (f"sqlite:///{tmp_path / 'a-directory'}" if database == "a-directory"
+           else f"sqlite:///file:{tmp_path / 'missing.db'}?mode=ro&uri=true")
+    line = one_line_failure(alkstore(command, "--url", url, cwd=tmp_path), 1)
+    assert "unable to open database file" in line and "server" not in line, line
+    assert "--url" in line and "SQLite" in line, line
+    assert not (tmp_path / "missing.db").exists()
