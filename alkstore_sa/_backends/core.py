@@ -222,8 +222,12 @@ class Core(abc.ABC):
         """The one place driver exceptions become alkstore errors."""
         orig = getattr(exc, "orig", None) or exc
         if self.is_missing_table(orig):
+            # the driver's first line names the table: when the rest is installed (one dropped
+            # outside the migrations), `alkstore migrate` says so too, rather than "at head"
+            missing = (str(orig).strip().splitlines() or [""])[0]
             err: BaseException = NotInstalled(
-                f"alkstore tables are not installed in this database: {install_advice(self.schema, self.name)}"
+                f"alkstore tables are not installed in this database ({missing}): "
+                f"{install_advice(self.schema, self.name)}"
             )
         elif self.is_missing_column(orig):
             # the caller's-transaction forms read no version first (a read in the caller's
