@@ -443,6 +443,7 @@ def test_alembic_revision_usage_error_is_one_line_exit_2(tmp_path: Path) -> None
 def test_migrate_to_an_unknown_revision_is_one_line_exit_2(tmp_path: Path) -> None:
     res = alkstore("migrate", "--revision", "nosuchrev", "--url", f"sqlite:///{tmp_path / 'm.db'}", cwd=tmp_path)
     assert "nosuchrev" in one_line_failure(res, 2)
+    assert not (tmp_path / "m.db").exists()  # refused before the file (and a version table) was made
 
 
 # -- URL forms (SPEC §4) and driver options ----------------------------------------------------------
