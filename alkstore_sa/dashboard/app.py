@@ -65,6 +65,16 @@ class Dashboard:
     """The framework-neutral dashboard application of one store."""
 
     def __init__(self, store: Store, *, read_only: bool = False, csrf_secret: bytes | None = None) -> None:
+        # checked here, not at the first request: there a wrong argument was a 500 on every page
+        if not isinstance(store, Store):
+            raise InvalidOptions(f"the dashboard's store must be an alk.Store, got {type(store).__name__}")
+        if not isinstance(read_only, bool):
+            raise InvalidOptions(f"read_only must be a bool, got {type(read_only).__name__}")
+        if csrf_secret is not None and not (isinstance(csrf_secret, bytes) and csrf_secret):
+            raise InvalidOptions(
+                "csrf_secret must be non-empty bytes (the same in every process serving the "
+                f"dashboard) or None for a random one, got {csrf_secret!r:.40}"
+            )
         self.store = store
         self.read_only = read_only
         self.csrf = Csrf(csrf_secret)
