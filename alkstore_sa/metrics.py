@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from .errors import AlkstoreError, MissingExtra
+from .errors import AlkstoreError, InvalidOptions, MissingExtra
 
 try:
     from prometheus_client import REGISTRY, Counter, Histogram
@@ -32,11 +32,11 @@ except ImportError as exc:
     ) from exc
 
 from ._gauges import QueueGauges, read_gauges
+from .store import Store
 from .worker import observe
 
 if TYPE_CHECKING:
     from .queue import JobHandle
-    from .store import Store
 
 log = logging.getLogger("alkstore_sa")
 
@@ -74,6 +74,8 @@ class Collector:
     """
 
     def __init__(self, store: Store) -> None:
+        if not isinstance(store, Store):  # else registered fine, and every scrape failed
+            raise InvalidOptions(f"Collector(store): store must be an alk.Store, got {type(store).__name__}")
         self.store = store
         self._seen: set[str] = set()
         self._lock = threading.Lock()  # scrapes may run at once (a threaded HTTP server)
@@ -148,8 +150,8 @@ def serve(store: Store, port: int, addr: str = "127.0.0.1") -> object:
     HTTP server (``.shutdown()`` stops it)."""
     from prometheus_client import start_http_server
 
-    instrument()
     collector = Collector(store)
+    instrument()
     REGISTRY.register(collector)
     try:
         started = start_http_server(port, addr=addr)

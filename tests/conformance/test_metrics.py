@@ -408,3 +408,16 @@ def test_cli_bad_metrics_port_is_a_usage_error(sqlite_db: Target, tmp_path: Path
     )
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "--metrics-port" in res.stderr
+
+
+@pytest.mark.parametrize("bad", ["sqlite:///app.db", None, object()], ids=["url", "none", "object"])
+def test_a_collector_of_something_else_than_a_store_is_refused_when_made(bad: object) -> None:
+    """``Collector(url)`` was made, and registered (``describe`` reads nothing): every scrape
+    of the registry then failed with an AttributeError, the process's other metrics with it.
+    ``serve`` the same, before it records anything or binds a port."""
+    before = metrics.observe.observer
+    with pytest.raises(alk.InvalidOptions, match="alk.Store"):
+        metrics.Collector(bad)  # type: ignore[arg-type]
+    with pytest.raises(alk.InvalidOptions, match="alk.Store"):
+        metrics.serve(bad, 0)  # type: ignore[arg-type]
+    assert metrics.observe.observer is before
