@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import __version__, _tracing
-from .errors import MissingExtra
+from .errors import InvalidOptions, MissingExtra
 from .model import Job
 from .queue import JobHandle
 from .worker.observe import LOST
@@ -81,6 +81,8 @@ def process_span(job: JobHandle | Job) -> Iterator[Span]:
             handle(h.payload)
         h.ack()
     """
+    if not isinstance(job, JobHandle | Job):
+        raise InvalidOptions(f"process_span(job): job must be a JobHandle or a Job, got {type(job).__name__}")
     j = job.job if isinstance(job, JobHandle) else job
     with _tracer().start_as_current_span(
         f"process {j.queue}", kind=SpanKind.CONSUMER, links=_links(j.trace_context),
@@ -91,6 +93,10 @@ def process_span(job: JobHandle | Job) -> Iterator[Span]:
 
 def link_of(trace_context: str | None) -> Link | None:
     """The link to the enqueue a job's stored ``trace_context`` names (None: no valid one)."""
+    if trace_context is not None and not isinstance(trace_context, str):
+        raise InvalidOptions(
+            f"link_of(trace_context): a Job.trace_context (str or None), got {type(trace_context).__name__}"
+        )
     links = _links(trace_context)
     return links[0] if links else None
 

@@ -530,3 +530,22 @@ def test_a_worker_in_another_process_links_to_this_process_producer(
     attempts = sorted((s["attributes"]["alkstore.attempt"], s["attributes"]["alkstore.outcome"], s["status"]) for s in runs[str(flaky)])
     assert attempts == [(1, "retried", "ERROR"), (2, "acked", "UNSET")]
     assert q.stats().pending == 0
+
+
+@pytest.mark.parametrize("bad", ["a job id", 42, None], ids=["str", "int", "none"])
+def test_process_span_of_something_else_than_a_job_is_refused(spans: InMemorySpanExporter, bad: object) -> None:
+    """``process_span(job.id)`` (or a payload) raised AttributeError from inside the
+    library; it is InvalidOptions naming what it takes, and no span is made."""
+    with pytest.raises(alk.InvalidOptions, match="JobHandle or a Job"), tracing.process_span(bad):  # type: ignore[arg-type]
+        pass
+    assert spans.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize("bad", [42, b'{"traceparent": "x"}', {"traceparent": "x"}], ids=["int", "bytes", "dict"])
+def test_link_of_something_else_than_a_stored_context_is_refused(bad: object) -> None:
+    """``link_of`` takes what ``Job.trace_context`` holds (a str or None): anything else was
+    a TypeError from json; it is InvalidOptions. A str that names no valid context stays a
+    best-effort None."""
+    with pytest.raises(alk.InvalidOptions, match="trace_context"):
+        tracing.link_of(bad)  # type: ignore[arg-type]
+    assert tracing.link_of("not json") is None and tracing.link_of(None) is None
