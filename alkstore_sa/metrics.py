@@ -151,6 +151,12 @@ def serve(store: Store, port: int, addr: str = "127.0.0.1") -> object:
     from prometheus_client import start_http_server
 
     collector = Collector(store)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        # checked here: the socket layer's own errors for these vary (TypeError, gaierror,
+        # OverflowError, OSError) and came after the metrics were switched on
+        raise InvalidOptions(f"serve(store, port): port must be an int from 0 to 65535 (0: any free one), got {port!r}")
+    if not isinstance(addr, str) or not addr:
+        raise InvalidOptions(f"serve(store, port, addr): addr must be a host name or address, got {addr!r}")
     instrument()
     REGISTRY.register(collector)
     try:

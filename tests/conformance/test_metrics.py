@@ -421,3 +421,16 @@ def test_a_collector_of_something_else_than_a_store_is_refused_when_made(bad: ob
     with pytest.raises(alk.InvalidOptions, match="alk.Store"):
         metrics.serve(bad, 0)  # type: ignore[arg-type]
     assert metrics.observe.observer is before
+
+
+@pytest.mark.parametrize("port", ["9108", -1, 70000, True, 1.5, None], ids=repr)
+def test_serve_refuses_a_bad_port_before_doing_anything(sqlite_db: Target, port: object) -> None:
+    """``serve(store, port)`` with a port that is no TCP port raised whatever the socket
+    layer made of it (TypeError, socket.gaierror, OverflowError, OSError "Int or String
+    expected"), after it had switched the worker metrics on; it is InvalidOptions, and
+    nothing is recorded, registered or bound."""
+    before = metrics.observe.observer
+    with sqlite_db.store() as store, pytest.raises(alk.InvalidOptions, match="port"):
+        metrics.serve(store, port)  # type: ignore[arg-type]
+    assert metrics.observe.observer is before
+    assert not any(isinstance(c, metrics.Collector) for c in list(prometheus_client.REGISTRY._collector_to_names))
