@@ -128,6 +128,36 @@ def test_an_env_comparing_every_schema_needs_the_filter_too(tmp_path: Path) -> N
     assert "include_schemas=True" in recipe, recipe
 
 
+def test_two_apps_on_one_database_each_with_its_own_schema(tmp_path: Path) -> None:
+    """install.md's recipe for two applications sharing one PostgreSQL database, each with
+    its own Alembic chain: each its own alkstore schema (and its own Alembic version
+    table). Each installs and uses its own queues, and one app's downgrade leaves the
+    other's tables and jobs alone."""
+    require_pg()
+    with fresh_pg_database("alktwo") as url:
+        a = write_app(tmp_path / "a", url, "postgresql")
+        b = write_app(tmp_path / "b", url, "postgresql")
+        (b.versions / f"{APP_REVISION}.py").unlink()
+        b.add_migration("b_0001", None, "b_orders")
+        b_env = {"APP_CONFIGURE": '{"version_table": "b_alembic_version"}'}
+        a.generate("--schema", "alk_a")
+        b.generate("--schema", "alk_b")
+        _ok(a.alembic("upgrade", "head"))
+        _ok(b.alembic("upgrade", "head", env_vars=b_env))
+        with alk.Store(url, schema="alk_a") as store_a, alk.Store(url, schema="alk_b") as store_b:
+            job = store_a.queue("emails").enqueue({"app": "a"})
+            store_b.queue("emails").enqueue({"app": "b"})
+            assert store_a.queue("emails").stats().pending == 1  # the same name, two queues
+            _ok(b.alembic("downgrade", "b_0001", env_vars=b_env))
+            with pytest.raises(alk.NotInstalled):
+                store_b.check_schema()
+            store_a.check_schema()
+            found = store_a.get_job(job)
+            assert found is not None and found.payload == {"app": "a"}
+    said = " ".join(ROOT.joinpath("docs", "install.md").read_text().split())
+    assert "### Two applications on one database" in said
+
+
 def _recorded(app: AlembicApp, schema: str | None) -> str | None:
     engine = sa.create_engine(app.url)
     try:
