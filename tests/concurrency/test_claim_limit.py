@@ -84,8 +84,7 @@ def test_claim_batch_never_returns_more_than_n(fresh: Target, tmp_path) -> None:
         reltuples = db.scalar(f"SELECT reltuples FROM pg_class WHERE oid = '{jobs}'::regclass")
         assert reltuples is not None and reltuples <= 0, reltuples
 
-    ready = tmp_path / "ready"  # each claimer marks itself ready here, then waits for the others
-    ready.mkdir()
+    ready = workers.ready_dir(tmp_path)  # each claimer marks itself ready here, then waits for the others
     specs = [
         {
             "url": db.url,
@@ -95,8 +94,8 @@ def test_claim_batch_never_returns_more_than_n(fresh: Target, tmp_path) -> None:
             "sizes": SIZES,
             "offset": i * 2,
             "max_seconds": 90,
-            "ready_dir": str(ready),
-            "claimers": 4,
+            "ready_dir": ready,
+            "parties": 4,
         }
         for i in range(4)
     ]

@@ -52,6 +52,33 @@ def _warm_up(spec: dict[str, Any]) -> None:
         store.check_schema()
 
 
+READY_TIMEOUT = 60.0
+
+
+def meet_when_ready(spec: dict[str, Any]) -> None:
+    """A second start line, passed once this process is ready to claim: it leaves a file in
+    the shared ``spec["ready_dir"]`` and waits until ``spec["parties"]`` processes did.
+
+    The harness's barrier is passed before a process opens its store, connects, or builds
+    and starts a Worker. On a loaded machine that took one process longer than another
+    needed to drain the whole workload alone, and a test's "several processes took part"
+    then failed though nothing was wrong."""
+    ready = Path(spec["ready_dir"])
+    (ready / str(os.getpid())).touch()
+    deadline = time.monotonic() + READY_TIMEOUT
+    while (got := len(list(ready.iterdir()))) < spec["parties"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {got} of {spec['parties']} processes got ready in {READY_TIMEOUT:g}s")
+        time.sleep(0.005)
+
+
+def ready_dir(tmp_path: Path) -> str:
+    """A fresh directory for ``meet_when_ready`` (parent side)."""
+    path = tmp_path / "ready"
+    path.mkdir()
+    return str(path)
+
+
 def open_store(spec: dict[str, Any]) -> alk.Store:
     """This process's own store (database clock), from the spec's URL and schema."""
     return alk.Store(spec["url"], schema=spec["schema"])
@@ -95,13 +122,8 @@ def claim_sizes(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         q = store.queue(spec["queue"])
         q.stats()  # connected, schema checked: ready to claim
-        ready = Path(spec["ready_dir"])
-        (ready / spec["worker_id"]).touch()
+        meet_when_ready(spec)
         deadline = time.monotonic() + spec["max_seconds"]
-        # the start barrier is passed before the stores are opened, which takes a loaded
-        # machine longer than one claimer needs to drain the table alone: start together
-        while len(list(ready.iterdir())) < spec["claimers"] and time.monotonic() < deadline:
-            time.sleep(0.005)
         sizes: list[int] = spec["sizes"]
         calls: list[list[int]] = []
         ids: list[int] = []
