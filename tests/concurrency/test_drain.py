@@ -32,6 +32,7 @@ def test_drain_exactly_once(db: Target, qname: str, variant: str, tmp_path) -> N
         store.close()
     assert len(set(enqueued)) == JOBS
 
+    ready = workers.ready_dir(tmp_path)  # the processes start claiming together once connected
     specs = [
         {
             "url": db.url,
@@ -40,6 +41,8 @@ def test_drain_exactly_once(db: Target, qname: str, variant: str, tmp_path) -> N
             "worker_id": wid,
             "sizes": sizes,
             "max_seconds": 90,
+            "ready_dir": ready,
+            "parties": len(VARIANTS[variant]),
         }
         for wid, sizes in VARIANTS[variant]
     ]

@@ -93,6 +93,8 @@ def drain(spec: dict[str, Any]) -> dict[str, Any]:
     store = open_store(spec)
     try:
         q = store.queue(spec["queue"])
+        q.stats()  # connected, schema checked: ready to claim
+        meet_when_ready(spec)
         sizes: list[int] = spec["sizes"]
         claims: list[list[Any]] = []
         calls: list[list[int]] = []  # [n asked, len returned]
