@@ -26,10 +26,11 @@ def test_turns_racing_across_processes_hand_out_each_job_once(db: Target, qname:
         enqueued = {name: store.queue(name).enqueue_many([{"i": i} for i in range(PER_QUEUE)]) for name in names}
     finally:
         store.close()
+    ready = workers.ready_dir(tmp_path)  # the processes start claiming together once connected
     specs = [
         {
             "url": db.url, "schema": db.schema, "queues": names, "worker_id": f"w{p}", "want": 8,
-            "budgets": [3, 8, 1, 13, 2], "offset": p, "max_seconds": 90,
+            "budgets": [3, 8, 1, 13, 2], "offset": p, "max_seconds": 90, "ready_dir": ready, "parties": PROCS,
         }
         for p in range(PROCS)
     ]

@@ -359,6 +359,8 @@ def claim_turns(spec: dict[str, Any]) -> dict[str, Any]:
     store = open_store(spec)
     try:
         queues = [store.queue(name) for name in spec["queues"]]
+        queues[0].stats()  # connected, schema checked: ready to claim
+        meet_when_ready(spec)
         budgets: list[int] = spec["budgets"]
         calls: list[list[int]] = []
         claimed: list[list[Any]] = []
