@@ -8,6 +8,7 @@ through ``alk.current_job()``, so the record says which claim ran it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 
 import alkstore_sa as alk
 from tests.concurrency.wake_workers import _stop_when
+from tests.concurrency.workers import workers_claim_together
 
 PLAIN, AWAITED, FLAKY = "drain.plain", "drain.awaited", "drain.flaky"
 
@@ -79,7 +81,10 @@ def _serve_until_empty(spec: dict[str, Any], build: Callable[[alk.Store, str], t
         stop = alk.StopToken()
         _stop_when(stop, empty, spec["max_seconds"], every=0.2)
         started = time.monotonic()
-        worker.run(stop)
+        with contextlib.ExitStack() as together:
+            if "ready_dir" in spec:  # the processes' workers start claiming together
+                together.enter_context(workers_claim_together(spec))
+            worker.run(stop)
         return {"processed": worker.processed, "seconds": time.monotonic() - started, "worker": me}
     finally:
         store.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.concurrency import harness, task_workers
+from tests.concurrency import harness, task_workers, workers
 from tests.support import Target
 
 COUNTS = {task_workers.PLAIN: 1200, task_workers.AWAITED: 1200, task_workers.FLAKY: 600}
@@ -35,10 +35,12 @@ def test_two_tasks_worker_processes_drain_two_queues_exactly_once(
             q = store.queue(tasks[name].queue)
             ids = q.enqueue_many([{"task": name, "args": [i], "kwargs": {}} for i in range(n)])
             kind.update(dict.fromkeys(ids, name))
+        ready = workers.ready_dir(tmp_path)  # the workers start claiming together once running
         specs = [
             {
                 "url": db.url, "schema": db.schema, "prefix": qname, "table": table,
                 "name": f"w{i}", "concurrency": 8, "max_seconds": 100,
+                "ready_dir": ready, "parties": 2,
             }
             for i in range(2)
         ]
@@ -81,9 +83,10 @@ def test_worker_processes_taking_turns_over_many_queues_run_each_job_once(
         ids: set[int] = set()
         for name in names:
             ids.update(store.queue(name).enqueue_many([{"n": i} for i in range(25)]))
+        ready = workers.ready_dir(tmp_path)  # the workers start claiming together once running
         specs = [
             {"url": db.url, "schema": db.schema, "prefix": qname, "table": table, "name": f"w{i}",
-             "queues": len(names), "concurrency": 4, "max_seconds": 100}
+             "queues": len(names), "concurrency": 4, "max_seconds": 100, "ready_dir": ready, "parties": 3}
             for i in range(3)
         ]
         results = harness.run(task_workers.many_queues_worker, specs, tmp_path, timeout=130)

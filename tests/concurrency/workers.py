@@ -14,13 +14,14 @@ import os
 import random
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
+from alkstore_sa.worker.claimer import Claimer
 
 BARRIER_TIMEOUT = 60.0  # spawned children import SQLAlchemy + psycopg first: allow slow starts
 
@@ -70,6 +71,25 @@ def meet_when_ready(spec: dict[str, Any]) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {got} of {spec['parties']} processes got ready in {READY_TIMEOUT:g}s")
         time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def workers_claim_together(spec: dict[str, Any]) -> Iterator[None]:
+    """Within: a Worker run in this process makes its first claim only once it met the
+    other processes at ``meet_when_ready``, when its wake hub, threads and registration are
+    up and its claim loop starts (building and starting a Worker is the slow part of a
+    worker process's start)."""
+    original = Claimer.run
+
+    def run(self: Claimer, stop: alk.StopToken, burst: bool) -> None:
+        meet_when_ready(spec)
+        original(self, stop, burst)
+
+    Claimer.run = run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Claimer.run = original  # type: ignore[method-assign]
 
 
 def ready_dir(tmp_path: Path) -> str:
