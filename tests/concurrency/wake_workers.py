@@ -8,6 +8,7 @@ parent can watch progress while the worker process is still running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import alkstore_sa as alk
+from tests.concurrency.workers import workers_claim_together
 
 
 class NoWakeStore(alk.Store):
@@ -129,7 +131,10 @@ def drain_worker(spec: dict[str, Any]) -> dict[str, Any]:
         stop = alk.StopToken()
         _stop_when(stop, empty, spec["max_seconds"], every=0.2)
         started = time.monotonic()
-        worker.run(stop)
+        with contextlib.ExitStack() as together:
+            if "ready_dir" in spec:  # the processes' workers start claiming together
+                together.enter_context(workers_claim_together(spec))
+            worker.run(stop)
         return {
             "handled": handled,
             "processed": worker.processed,

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
-from tests.concurrency import harness, wake_workers
+from tests.concurrency import harness, wake_workers, workers
 from tests.support import WAIT, FakeClock, Target, wait_for
 
 
@@ -452,10 +452,11 @@ def test_two_worker_processes_drain_exactly_once(db: Target, dbstore: alk.Store,
     try:
         q = dbstore.queue(qname)
         enqueued = q.enqueue_many([{"i": i} for i in range(jobs)])
+        ready = workers.ready_dir(tmp_path)  # the workers start claiming together once running
         specs = [
             {
                 "url": db.url, "schema": db.schema, "queue": qname, "table": table,
-                "name": f"w{i}", "concurrency": 4, "max_seconds": 90,
+                "name": f"w{i}", "concurrency": 4, "max_seconds": 90, "ready_dir": ready, "parties": 2,
             }
             for i in range(2)
         ]
