@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
+from tests.concurrency.workers import meet_when_ready
 
 
 def publish_slowly(spec: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +42,8 @@ def publish_slowly(spec: dict[str, Any]) -> dict[str, Any]:
     waits: list[float] = []
     try:
         st = store.stream(name)
+        store.check_schema()  # connected: ready to publish
+        meet_when_ready(spec)
         for i in range(spec["count"]):
             payload = {"publisher": who, "i": i}
             began = time.monotonic()
@@ -79,6 +82,10 @@ async def _apublish_slowly(spec: dict[str, Any]) -> dict[str, Any]:
     waits: list[float] = []
     try:
         st = store.stream(name)
+        store.check_schema()  # both engines connected: ready to publish
+        async with engine.connect():
+            pass
+        await asyncio.to_thread(meet_when_ready, spec)
         for i in range(spec["count"]):
             payload = {"publisher": who, "i": i}
             began = time.monotonic()
@@ -116,6 +123,8 @@ def follow(spec: dict[str, Any]) -> dict[str, Any]:
     reads = nonempty = 0
     try:
         st = store.stream(spec["stream"])
+        store.check_schema()  # connected: ready to read
+        meet_when_ready(spec)
         last = 0
         deadline = time.monotonic() + spec["max_seconds"]
         while len(seen) < spec["expect"] and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import hashlib
 
 import pytest
 
-from tests.concurrency import harness, stream_workers
+from tests.concurrency import harness, stream_workers, workers
 from tests.support import Target
 
 PUBLISHERS = 4
@@ -38,6 +38,8 @@ def _rolled_back(i: int, shift: int) -> bool:
 @pytest.mark.slow
 def test_a_reader_never_skips_an_event(db: Target, tmp_path, request) -> None:
     stream = "order-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
+    # all six processes start once each is connected: the readers poll while the stream grows
+    ready = {"ready_dir": workers.ready_dir(tmp_path), "parties": PUBLISHERS + 2}
     pub_specs = [
         {
             "role": "publish", "url": db.url, "schema": db.schema, "stream": stream,
@@ -46,6 +48,7 @@ def test_a_reader_never_skips_an_event(db: Target, tmp_path, request) -> None:
             "rollback_every": ROLLBACK_EVERY, "rollback_offset": p % ROLLBACK_EVERY,
             "own_tx_every": OWN_TX_EVERY,
             "async": p % 2 == 1,  # half of them through alk.apublish in AsyncSessions
+            **ready,
         }
         for p in range(PUBLISHERS)
     ]
@@ -56,11 +59,10 @@ def test_a_reader_never_skips_an_event(db: Target, tmp_path, request) -> None:
         {
             "role": "follow", "url": db.url, "schema": db.schema, "stream": stream,
             "expect": expect,
-            "max_seconds": 40.0, "seed": 9000 + r, "limits": limits,
+            "max_seconds": 40.0, "seed": 9000 + r, "limits": limits, **ready,
         }
         for r, limits in enumerate([[1000], [1, 2, 3]])
     ]
-    # one start barrier for all six processes: the readers poll while the stream grows
     results = harness.run(stream_workers.run_role, pub_specs + reader_specs, tmp_path, timeout=90)
     published = [r for r in results if r["role"] == "publish"]
     followed = [r for r in results if r["role"] == "follow"]
