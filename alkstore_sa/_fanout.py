@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import selectors
@@ -24,6 +25,10 @@ class FanOut:
         self._closers: dict[int, Callable[[], None]] = {}
         self._closed = False
         self._ids = itertools.count(1)
+        # (key, token) of subscribers freed without unsubscribing (Subscription's finalizer:
+        # a deque's append takes no lock, so the garbage collector may run it in any thread);
+        # the hub's next subscribe() unsubscribes them
+        self.dropped: collections.deque[tuple[str, int]] = collections.deque()
 
     def add(
         self, key: str, deliver: Deliver, on_close: Callable[[], None] | None = None

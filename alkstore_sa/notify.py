@@ -65,10 +65,16 @@ class Subscription:
         self._key = store.backend.channel_key(channel)
         self._store = store
         self._closed = False
-        self._hub = store.hub()
+        self._hub = hub = store.hub()
         # The hub keeps only weak references: a subscription dropped without close() is
-        # freed, and nothing queues notifications for it any more (its registration, a
-        # closure, stays until the store closes).
+        # freed, nothing queues notifications for it any more, and the next listen()
+        # unsubscribes it (its finalizer only records that: it may run in any thread).
+        while hub.fanout.dropped:
+            try:
+                key, token = hub.fanout.dropped.popleft()
+            except IndexError:  # another listen() took it
+                break
+            hub.unsubscribe(key, token)
         me = weakref.ref(self)
 
         def deliver(_seq: int, payload: str) -> None:
@@ -81,7 +87,8 @@ class Subscription:
             if sub is not None:
                 sub._store_closed()
 
-        self._token = self._hub.subscribe(self._key, deliver, store_closed)
+        self._token = hub.subscribe(self._key, deliver, store_closed)
+        self._finalizer = weakref.finalize(self, hub.fanout.dropped.append, (self._key, self._token))
 
     def _deliver(self, payload: str) -> None:
         self._items.put(Notification(self.channel, payload))
@@ -124,6 +131,7 @@ class Subscription:
         if self._closed:
             return
         self._closed = True
+        self._finalizer.detach()
         self._hub.unsubscribe(self._key, self._token)
         self._items.put(_CLOSED)
 

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import selectors
+import sqlite3
 import threading
 import time
 import uuid
@@ -73,9 +74,12 @@ SQLITE_BUSY, SQLITE_LOCKED = 5, 6
 
 
 def _is_busy(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite's "the write lock is taken" (busy or locked, any variant)."""
+    """Whether ``exc`` is SQLite's "the write lock is taken" (busy or locked, any variant;
+    Python 3.10's sqlite3 errors carry no code, only the message)."""
     code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(code, int) and code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
+    if isinstance(code, int):
+        return code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
 class SqliteHub:

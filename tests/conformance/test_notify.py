@@ -329,6 +329,9 @@ def test_a_subscription_dropped_without_close_is_freed_and_queues_nothing(store:
     with store.listen("dropped") as live:  # the channel still works for the others
         store.notify("dropped", "after")
         assert live.get(timeout=DELIVERY) == alk.Notification("dropped", "after")
+    # ... and its registration went at the next listen(): one dropped per request adds up
+    with store.listen("another"):
+        assert not store.hub().fanout.has(store.backend.channel_key("dropped"))
 
 
 def test_listen_on_a_closed_store_raises(db: Target) -> None:
