@@ -3,6 +3,7 @@ subscription that was listening when the notify committed."""
 
 from __future__ import annotations
 
+import os
 import queue
 import weakref
 from collections.abc import Iterator
@@ -65,7 +66,12 @@ class Subscription:
         self._key = store.backend.channel_key(channel)
         self._store = store
         self._closed = False
-        self._hub = hub = store.hub()
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        """Register with the store's listener of this process."""
+        self._pid = os.getpid()
+        self._hub = hub = self._store.hub()
         # The hub keeps only weak references: a subscription dropped without close() is
         # freed, nothing queues notifications for it any more, and the next listen()
         # unsubscribes it (its finalizer only records that: it may run in any thread).
@@ -97,13 +103,28 @@ class Subscription:
         """The store's hub closed (``store.close()``): wake a blocked ``get()``."""
         self._items.put(_STORE_CLOSED)
 
+    def _forked(self) -> bool:
+        """Whether this is a forked child of the process that subscribed: the parent's
+        listener thread is not here (and its connection not ours), so nothing would come."""
+        if self._pid == os.getpid():
+            return False
+        self._finalizer.detach()  # the parent's listener: never touched from here
+        self._items = queue.SimpleQueue()
+        return True
+
     def get(self, timeout: v.Duration | None = None) -> Notification | None:
         """The next notification, waiting up to ``timeout`` seconds (None: until one
         arrives or the subscription closes); None on timeout or once closed.
         ``StoreClosed`` once the store is closed, also while waiting. ``timeout=0`` only
-        looks; anything but None or a duration >= 0 raises InvalidOptions."""
+        looks; anything but None or a duration >= 0 raises InvalidOptions. In a forked
+        child a subscription made before the fork listens again, from its first use there."""
         self._store._check_open()
         wait = v.timeout(timeout)
+        if self._forked():
+            if self._closed:
+                self._pid = os.getpid()
+            else:
+                self._subscribe()
         if self._closed and self._items.empty():
             return None
         try:
@@ -131,8 +152,11 @@ class Subscription:
         if self._closed:
             return
         self._closed = True
-        self._finalizer.detach()
-        self._hub.unsubscribe(self._key, self._token)
+        if self._forked():  # (a child leaves its parent's listener alone)
+            self._pid = os.getpid()
+        else:
+            self._finalizer.detach()
+            self._hub.unsubscribe(self._key, self._token)
         self._items.put(_CLOSED)
 
     def __enter__(self) -> Subscription:

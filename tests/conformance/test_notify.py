@@ -5,6 +5,7 @@ SQLite notifications table's engine-side cap."""
 from __future__ import annotations
 
 import gc
+import os
 import sqlite3
 import threading
 import time
@@ -332,6 +333,44 @@ def test_a_subscription_dropped_without_close_is_freed_and_queues_nothing(store:
     # ... and its registration went at the next listen(): one dropped per request adds up
     with store.listen("another"):
         assert not store.hub().fanout.has(store.backend.channel_key("dropped"))
+
+
+def test_a_subscription_made_before_a_fork_listens_in_the_child(store: alk.Store) -> None:
+    """A pre-fork server (gunicorn --preload) made a subscription at import time: in each
+    forked child it stayed tied to the parent's listener thread, which a child does not
+    have, so its ``get()`` waited forever. In a child it listens again (the child's own
+    listener, as a worker's wakes do) from its first use there."""
+    sub = store.listen("forked")
+    ready_r, ready_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(out_r)
+            assert sub.get(timeout=0) is None  # its first use here: listening from now
+            os.write(ready_w, b"x")
+            note = sub.get(timeout=DELIVERY)
+            os.write(out_w, (note.payload if note is not None else "<nothing>").encode())
+            sub.close()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(out_w)
+    try:
+        assert os.read(ready_r, 1) == b"x", "the child did not start listening"
+        store.notify("forked", "to the child")
+        got = os.read(out_r, 100).decode()
+    finally:
+        _, status = os.waitpid(pid, 0)
+        for fd in (ready_r, out_r):
+            os.close(fd)
+    assert got == "to the child"
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sub.get(timeout=DELIVERY) == alk.Notification("forked", "to the child")  # the parent's still works
+    sub.close()
 
 
 def test_listen_on_a_closed_store_raises(db: Target) -> None:
