@@ -90,10 +90,22 @@ def assert_same_origin(driver: Any, dash: Dashboard) -> None:
     assert not foreign, f"{driver.current_url} loads from another origin: {foreign}"
 
 
-def wait_until(driver: Any, cond: Any, what: str) -> Any:
+def wait_until(driver: Any, cond: Any, what: str, timeout: float = WAIT) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT, poll_frequency=0.1).until(cond, message=f"waiting for {what}")
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(cond, message=f"waiting for {what}")
+
+
+# The page's script first refreshes the counts 5 s after it loaded (INTERVAL_MS): a wait for
+# that refresh gets twelve times as long.
+REFRESH_WAIT = 60.0
+
+
+def wait_for_refresh(driver: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    wait_until(driver, lambda d: d.find_element(By.ID, "queues").get_attribute("data-refreshed"),
+               "the counts' refresh", REFRESH_WAIT)
 
 
 def shot(driver: Any, tmp_path: Path, name: str) -> None:
@@ -278,8 +290,7 @@ def test_refresh_of_queues_named_like_object_properties(browser: Any, own_db: Ta
                 assert page_counts(browser, name) == {"ready": 1, "scheduled": 0, "processing": 0, "dead": 0}
             for name, job_id in ids.items():  # each queue empties: it leaves the counts
                 assert store.queue(name).cancel(job_id)
-            wait_until(browser, lambda d: d.find_element(By.ID, "queues").get_attribute("data-refreshed"),
-                       "the counts' refresh")
+            wait_for_refresh(browser)
             shot(browser, tmp_path, "refreshed")
             for name in ids:
                 row = browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{name}"]')
@@ -312,8 +323,7 @@ def test_queues_named_with_line_breaks_keep_their_counts_and_actions(
             q.enqueue({"n": 2})
         with serve_dashboard(db) as dash:
             browser.get(dash.url("/"))
-            wait_until(browser, lambda d: d.find_element(By.ID, "queues").get_attribute("data-refreshed"),
-                       "the counts' refresh")
+            wait_for_refresh(browser)
             shot(browser, tmp_path, "refreshed")
             rows = {r.get_attribute("data-queue"): r for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-queue]")}
             for name in names:
