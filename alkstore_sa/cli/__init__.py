@@ -59,8 +59,19 @@ def _subcommand_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.Ar
                 yield from _subcommand_parsers(child)
 
 
+def _lenient_stdout() -> None:
+    """A character the terminal's encoding lacks (an emoji in a queue name, on a latin-1
+    locale) is written as a backslash escape, as Python already does on stderr, instead
+    of ending the command with UnicodeEncodeError. An error handler the user chose
+    (PYTHONIOENCODING=...:replace) is kept."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdout, "errors", None) == "strict":
+        reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``alkstore`` console script; returns the exit code."""
+    _lenient_stdout()
     parser = build_parser()
     args = parser.parse_args(argv)  # a usage error exits 2 here, in one line
     # stderr: the worker's start/stop lines, the signal it got, its handlers' failures

@@ -264,6 +264,24 @@ def test_status_leaves_out_expired_jobs_waiting_for_the_sweep_as_the_dashboard_d
     assert isinstance(data["stale"]["oldest_ready_age"], float)
 
 
+def test_output_on_a_terminal_that_cannot_show_a_name(cli: Cli) -> None:
+    """A terminal whose encoding lacks a character of a queue name (a latin-1 locale, an
+    emoji) made ``status`` and ``dead list`` end with "unexpected error:
+    UnicodeEncodeError"; the character is written as a backslash escape instead."""
+    s = cli.install()
+    q = s.queue("mail-\U0001f600", max_attempts=1)
+    q.enqueue({"n": 1})
+    h = q.claim_one("w")
+    assert h is not None and h.fail("boom \u2603")
+    env = cli.env(PYTHONIOENCODING="latin-1")
+    res = cli.run("status", env=env)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "mail-\\U0001f600" in res.stdout, res.stdout
+    res = cli.run("dead", "list", "--queue", "mail-\U0001f600", env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip("\n").endswith("boom \\u2603"), res.stdout
+
+
 # -- dead list / show / requeue ----------------------------------------------------------------
 
 
