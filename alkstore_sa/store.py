@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -26,7 +26,7 @@ from ._connections import ConnectionCache, orphan
 from ._registry import DEFAULT_MAX_PAYLOAD
 from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, transactional
 from ._registry import store_for as store_for
-from ._rows import job_from_row
+from ._rows import job_from_row, ts
 from ._sqlite import _SHARING_POOLS, _main_file, configure_sqlite_engine
 from ._urls import engine_from_url, in_memory_sqlite, parse_url
 from .errors import AlkstoreError, InvalidOptions, StoreClosed
@@ -579,4 +579,8 @@ def _on_invalidated_connection(exc: BaseException) -> bool:
 
 
 def _utc(epoch: float) -> datetime:
-    return datetime.fromtimestamp(float(epoch), timezone.utc)
+    """A stored timestamp as an aware UTC datetime (``ts``: one past the calendar, written
+    by hand, is its first or last instant)."""
+    value = ts(float(epoch))
+    assert value is not None
+    return value

@@ -208,6 +208,23 @@ def test_timestamps_written_by_hand_past_the_calendar_are_shown(dash, db: Target
     assert counts["ready"] == 1 and counts["oldest_ready_age"] > 0
 
 
+def test_a_worker_row_with_timestamps_past_the_calendar_is_listed(dash, db: Target, store: alk.Store, qname: str) -> None:
+    """A registry row written by hand with a timestamp no date has (``1e300``) made the
+    workers page answer 500 and ``store.workers()`` raise OverflowError."""
+    db.execute(
+        f"INSERT INTO {db.table('alkstore_workers')} (id, hostname, pid, queues, concurrency, started_at, "
+        "last_seen, expires_at) VALUES (:id, 'h', 1, :queues, 1, :low, :high, :high)",
+        id=qname, queues=f'["{qname}"]', low=-1e300, high=1e300,
+    )
+    try:
+        (worker,) = [w for w in store.workers() if w.id == qname]
+        assert worker.started_at.year == 1 and worker.last_seen.year == 9999
+        r = dash.get("/workers")
+        assert r.status == 200 and f'data-worker="{qname}"' in r.text
+    finally:
+        db.execute(f"DELETE FROM {db.table('alkstore_workers')} WHERE id = :id", id=qname)
+
+
 def test_a_schedule_whose_stored_payload_is_not_json_is_listed_as_stored(
     dash, db: Target, store: alk.Store, qname: str
 ) -> None:
