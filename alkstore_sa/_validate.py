@@ -6,7 +6,7 @@ import json
 import math
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidName, InvalidOptions, PayloadError
@@ -183,12 +183,21 @@ def max_attempts(value: object) -> int:
 
 
 def aware_datetime(value: object, what: str) -> float:
-    """An aware datetime as epoch seconds."""
+    """An aware datetime as epoch seconds: the stored form, which must read back as a
+    datetime (the last instant of year 9999 rounds to year 10000, a time before year 1 in
+    UTC has none), or every later read of the row would fail."""
     if not isinstance(value, datetime):
         raise InvalidOptions(f"{what} must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
         raise InvalidOptions(f"{what} must be timezone-aware")
-    return value.timestamp()
+    seconds = value.timestamp()
+    try:
+        datetime.fromtimestamp(seconds, timezone.utc)
+    except (OverflowError, ValueError, OSError):
+        raise InvalidOptions(
+            f"{what} must be within years 1 to 9999 (UTC), got {value.isoformat()}"
+        ) from None
+    return seconds
 
 
 def error_text(value: object, what: str = "error") -> str:

@@ -452,6 +452,27 @@ def test_a_later_using_of_the_ready_time_replaces_the_earlier_one(store: alk.Sto
     assert _job(store, both.using(priority=2).enqueue(store, 4)).run_at == _ts(clock, 30)  # kept as given
 
 
+def test_a_run_at_no_job_could_be_read_back_with_is_refused_and_writes_nothing(store: alk.Store, qname: str) -> None:
+    """``using(run_at=datetime.max)`` ("some day, maybe"): the ready time is stored as epoch
+    seconds, and the last instant of year 9999 rounds to year 10000, which no datetime
+    holds. It was written, and every read of the job after that (``get_job``, the
+    dashboard, ``alk.get_job``) raised ValueError 'year 10000 is out of range'. Refused with
+    InvalidOptions at ``using()`` (and by ``q.enqueue`` / ``alk.enqueue``), writing nothing."""
+    send = alk.Tasks().task(queue=qname)(_send_email)
+    last = datetime.max.replace(tzinfo=timezone.utc)
+    east = datetime.min.replace(tzinfo=timezone(timedelta(hours=5)))  # before year 1 in UTC
+    for when in (last, east):
+        with pytest.raises(alk.InvalidOptions, match="run_at"):
+            send.using(run_at=when)
+        with pytest.raises(alk.InvalidOptions, match="run_at"):
+            store.queue(qname).enqueue({"x": 1}, run_at=when)
+        with Session(store.engine) as session, session.begin(), pytest.raises(alk.InvalidOptions, match="run_at"):
+            alk.enqueue(session, qname, {"x": 1}, run_at=when)
+    assert store.queue(qname).stats().pending == 0
+    year_9999 = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)  # still a datetime: accepted
+    assert _job(store, send.using(run_at=year_9999).enqueue(store, 1)).run_at == year_9999
+
+
 def test_using_never_changes_the_task(store: alk.Store, qname: str, clock: FakeClock) -> None:
     send = alk.Tasks().task(queue=qname, priority=1)(_send_email)
     later = send.using(delay=30, priority=9)
