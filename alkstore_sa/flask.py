@@ -40,7 +40,7 @@ try:
 except ImportError as exc:
     raise MissingExtra("alkstore_sa.flask needs Flask: pip install 'alkstore-sa[flask]'") from exc
 
-from .cli._common import exit_past_abandoned_jobs, stop_on_signals
+from .cli._common import exit_past_abandoned_jobs, stop_on_signals, worker_options
 from .cli._errors import explain
 from .cli._shown import shown, stderr_handler
 from .store import Store
@@ -149,10 +149,12 @@ def _group() -> AppGroup:
     def worker(queues: tuple[str, ...], concurrency: int | None, worker_id: str | None,
                batch_size: int | None, poll_interval: float, grace: float, burst: bool) -> None:
         """Run the app's tasks until SIGTERM/SIGINT (then finish in-flight jobs, exit 0)."""
-        _run(current_app._get_current_object(), list(queues) or None, {  # type: ignore[attr-defined]
-            "concurrency": concurrency, "worker_id": worker_id, "batch_size": batch_size,
-            "poll_interval": poll_interval, "shutdown_grace": grace,
-        }, burst)
+        try:  # checked under the options' own names (Worker() would say 'shutdown_grace' for --grace)
+            options = worker_options(concurrency=concurrency, worker_id=worker_id, batch_size=batch_size,
+                                     poll_interval=poll_interval, grace=grace)
+        except InvalidOptions as exc:
+            raise click.UsageError(str(exc)) from None
+        _run(current_app._get_current_object(), list(queues) or None, options, burst)  # type: ignore[attr-defined]
 
     return group
 

@@ -279,3 +279,19 @@ def _exit(message: str, code: int) -> None:
         os.write(2, message.encode())
     finally:
         os._exit(code)
+
+
+def worker_options(
+    *, concurrency: int | None, worker_id: str | None, batch_size: int | None, poll_interval: float, grace: float
+) -> dict[str, Any]:
+    """``Worker()``'s keyword options from a worker command's, each checked here under the
+    option's own name (``Worker()`` would name its parameter: ``shutdown_grace`` for
+    ``--grace``), before anything is opened. InvalidOptions naming the option."""
+    v = _validate
+    return {
+        "concurrency": None if concurrency is None else v.int32(concurrency, "--concurrency", minimum=1),
+        "worker_id": None if worker_id is None else v.worker_id(worker_id, "--worker-id"),
+        "batch_size": None if batch_size is None else v.int32(batch_size, "--batch-size", minimum=1),
+        "poll_interval": v.duration(poll_interval, "--poll-interval", inclusive=False),
+        "shutdown_grace": v.duration(grace, "--grace"),
+    }

@@ -15,7 +15,13 @@ from typing import Any
 from ..errors import InvalidOptions
 from ..tasks import Task, Tasks
 from ..worker import Worker
-from ._common import add_database_options, exit_past_abandoned_jobs, open_store, stop_on_signals
+from ._common import (
+    add_database_options,
+    exit_past_abandoned_jobs,
+    open_store,
+    stop_on_signals,
+    worker_options,
+)
 from ._errors import TRACEBACK_HINT, UsageError
 
 
@@ -147,12 +153,15 @@ def run(args: argparse.Namespace) -> int:
             f"--queue is required with a handler ({args.handler!r} is a function, not a Tasks registry); "
             "see alkstore worker --help"
         )
+    try:
+        options = worker_options(
+            concurrency=args.concurrency, worker_id=args.worker_id, batch_size=args.batch_size,
+            poll_interval=args.poll_interval, grace=args.grace,
+        )
+    except InvalidOptions as exc:
+        raise UsageError(f"{exc}; see alkstore worker --help") from None
     metrics = _metrics_module(args.metrics_port)
     store = open_store(args)
-    options: dict[str, Any] = {
-        "concurrency": args.concurrency, "worker_id": args.worker_id, "batch_size": args.batch_size,
-        "poll_interval": args.poll_interval, "shutdown_grace": args.grace,
-    }
     try:
         try:
             if isinstance(target, Tasks):

@@ -131,6 +131,13 @@ def test_a_closed_stdout_ends_quietly_with_141(sqlite_db: Target, tmp_path: Path
         (["status", "--schema", "a", "--schema", "b"], "--schema"),
         (["dead", "list", "-q", "a", "--limit", "1", "--limit", "2"], "--limit"),
         (["migrate", "--listen-url", "nonsense"], "--listen-url"),  # migrate never listens: it ignored it
+        # a worker option out of range names the option typed, not Worker()'s parameter
+        # (was "shutdown_grace must be >= 0, got -1.0" for --grace -1)
+        (["worker", "builtins:repr", "-q", "a", "--grace", "-1"], "--grace"),
+        (["worker", "builtins:repr", "-q", "a", "--poll-interval", "0"], "--poll-interval"),
+        (["worker", "builtins:repr", "-q", "a", "-c", "0"], "--concurrency"),
+        (["worker", "builtins:repr", "-q", "a", "--batch-size", "0"], "--batch-size"),
+        (["worker", "builtins:repr", "-q", "a", "--worker-id", ""], "--worker-id"),
     ],
     ids=lambda v: "-".join(v) if isinstance(v, list) else None,
 )

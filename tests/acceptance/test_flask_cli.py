@@ -207,6 +207,25 @@ def test_flask_alkstore_worker_refuses_a_repeated_single_valued_option(
     assert "worker:" not in out  # nothing ran
 
 
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [(["--grace", "-1"], "--grace"), (["--poll-interval", "0"], "--poll-interval"), (["-c", "0"], "--concurrency"),
+     (["--batch-size", "0"], "--batch-size"), (["--worker-id", ""], "--worker-id")],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_flask_alkstore_worker_names_the_option_out_of_range(
+    sqlite_db: Target, tmp_path: Path, qname: str, argv: list[str], option: str
+) -> None:
+    """As ``alkstore worker``: a value out of range is a usage error naming the option typed
+    (it said "shutdown_grace must be >= 0, got -1.0" for --grace -1)."""
+    (tmp_path / "flaskapp.py").write_text(APP)
+    proc = _flask(sqlite_db, tmp_path, qname, "--burst", *argv)
+    out, err = proc.communicate(timeout=STARTUP)
+    assert proc.returncode == 2, (out, err)
+    assert f"Error: {option} must" in err, err
+    assert "worker:" not in out  # nothing ran
+
+
 def test_flask_alkstore_workers_log_is_inert(sqlite_db: Target, tmp_path: Path, qname: str) -> None:
     """As ``alkstore worker``'s: a failing task's message reaches stderr escaped (a handler's
     exception text is not the terminal's to obey)."""
