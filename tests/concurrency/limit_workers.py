@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import alkstore_sa as alk
+from tests.concurrency.workers import meet_when_ready, workers_claim_together
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -75,7 +77,10 @@ def limited_worker(spec: dict[str, Any]) -> dict[str, Any]:
         )
         stop = alk.StopToken()
         _stop_on_file(stop, marks, spec["max_seconds"])
-        worker.run(stop)
+        with contextlib.ExitStack() as together:
+            if "ready_dir" in spec:  # the workers (and the sampler) start together
+                together.enter_context(workers_claim_together(spec))
+            worker.run(stop)
         return {"processed": worker.processed, "pid": os.getpid()}
     finally:
         store.close()
@@ -100,6 +105,8 @@ def live_sampler(spec: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + spec["max_seconds"]
     try:
         with engine.connect() as conn:
+            if "ready_dir" in spec:  # connected: the workers claim only once it samples
+                meet_when_ready(spec)
             while not (marks / "STOP").exists() and time.monotonic() < deadline:
                 live = conn.execute(sql, {"q": spec["queue"], "now": time.time()}).scalar_one()
                 conn.rollback()  # a fresh snapshot for the next sample

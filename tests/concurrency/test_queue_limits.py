@@ -24,6 +24,7 @@ import pytest
 
 import alkstore_sa as alk
 from tests.concurrency import harness, limit_workers
+from tests.concurrency import workers as workers_mod
 from tests.support import Target, wait_for
 
 STARTUP = 60.0  # spawned children import SQLAlchemy + psycopg first
@@ -62,10 +63,12 @@ def test_concurrency_limit_holds_across_worker_processes(db: Target, qname: str,
         q = store.queue(qname)
         q.set_concurrency(3)
         ids = q.enqueue_many(list(range(36)))
-        sampler = harness.start(limit_workers.live_sampler, [_spec(db, qname, marks)], tmp_path)
+        # the sampler samples before any worker claims: all five meet once ready
+        ready = {"ready_dir": workers_mod.ready_dir(tmp_path), "parties": 5}
+        sampler = harness.start(limit_workers.live_sampler, [_spec(db, qname, marks, **ready)], tmp_path)
         workers = harness.start(
             limit_workers.limited_worker,
-            [_spec(db, qname, marks, concurrency=8, poll_interval=0.3, job_seconds=0.15) for _ in range(4)],
+            [_spec(db, qname, marks, concurrency=8, poll_interval=0.3, job_seconds=0.15, **ready) for _ in range(4)],
             tmp_path,
         )
         wait_for(lambda: len(_marks(marks)) >= len(ids), "every job to finish", timeout=STARTUP + 60)
