@@ -158,6 +158,7 @@ def claim_sizes(spec: dict[str, Any]) -> dict[str, Any]:
             calls.append([n, len(handles)])
             ids.extend(h.id for h in handles)
             empty = empty + 1 if not handles else 0
+            time.sleep(spec.get("pace", 0.0))
         return {"calls": calls, "ids": ids}
     finally:
         store.close()
