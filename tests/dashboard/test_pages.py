@@ -109,16 +109,21 @@ def test_job_page_live(dash, store: alk.Store, qname: str) -> None:
     assert dash.get("/jobs/" + "9" * 5000).status == 404  # past int()'s digit limit: not a 500
 
 
+def _one_dead_one_live(q: alk.Queue) -> tuple[int, int]:
+    """A dead job and a pending one in ``q`` (their payloads to be spoiled by hand): their ids."""
+    dead = q.enqueue({"b": 2})
+    h = q.claim_one("w")
+    assert h is not None and h.id == dead and h.fail("undecodable")
+    return dead, q.enqueue({"a": 1})
+
+
 def test_a_stored_payload_that_is_not_json_is_shown_as_stored(dash, db: Target, store: alk.Store, qname: str) -> None:
     """A payload column is text: a row written or edited by hand may hold no JSON, and a
     worker fails such a job ("fix the row and requeue it"). The pages list and show it as
     stored and its actions work; it made its queue's page, the dead letters of every
     queue, its job page and the requeue, delete and cancel actions answer 500."""
     q = store.queue(qname)
-    dead = q.enqueue({"b": 2})
-    h = q.claim_one("w")
-    assert h is not None and h.id == dead and h.fail("undecodable")
-    live = q.enqueue({"a": 1})
+    dead, live = _one_dead_one_live(q)
     for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
         db.execute(f"UPDATE {db.table(table)} SET payload = :p WHERE id = :id", p="{'<not json>", id=job_id)
     shown = html.escape("{'<not json>")
@@ -149,10 +154,7 @@ def test_sqlite_a_stored_payload_that_is_not_utf8_is_shown_with_its_bytes_escape
     dash = make_browser("wsgi", store)
     try:
         q = store.queue(qname)
-        dead = q.enqueue({"b": 2})
-        h = q.claim_one("w")
-        assert h is not None and h.id == dead and h.fail("undecodable")
-        live = q.enqueue({"a": 1})
+        dead, live = _one_dead_one_live(q)
         for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
             sqlite_db.execute(
                 f"UPDATE {table} SET payload = CAST(X'7B2261223A2280FF227D' AS TEXT) WHERE id = :id", id=job_id,

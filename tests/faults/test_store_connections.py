@@ -234,6 +234,19 @@ def _cut_off_while_waiting(app: str, tx: sa.RootTransaction, call: Any) -> list[
     return result
 
 
+def _cut_off_once(app: str, tx: sa.RootTransaction, call: Any) -> list[Any]:
+    """Run ``call`` on a thread while ``tx`` holds the lock its statement waits for; kill
+    the backend it waits on, then let the lock go. What the call returned (or raised,
+    captured): an operation that must not be repeated raises, with no retry."""
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(_capture(call)))
+    t.start()
+    _terminate([_wait_for_lock_waiter(app)])
+    t.join(30)
+    tx.commit()
+    return result
+
+
 @pytest.mark.parametrize(
     "read",
     ["stream.read", "stream.offset", "lock.holder", "lock.acquire", "lock.renew", "schedules", "tick",
@@ -292,12 +305,7 @@ def test_lock_release_cut_off_mid_statement_is_not_retried(
         assert lock.acquire("me", 60)
         tx = locker.begin()
         locker.execute(sa.text(f"LOCK TABLE {pg.table('alkstore_locks')} IN ACCESS EXCLUSIVE MODE"))
-        result: list[Any] = []
-        t = threading.Thread(target=lambda: result.append(_capture(lambda: lock.release("me"))))
-        t.start()
-        _terminate([_wait_for_lock_waiter(app)])
-        t.join(30)
-        tx.commit()
+        result = _cut_off_once(app, tx, lambda: lock.release("me"))
         assert len(result) == 1 and isinstance(result[0], alk.DatabaseError), result
         assert lock.release("me") is True  # the cut-off release did not land
     finally:
@@ -318,12 +326,7 @@ def test_enqueue_cut_off_mid_statement_is_not_retried(
         q.stats()  # schema check done, a connection cached
         tx = locker.begin()
         locker.execute(sa.text(f"LOCK TABLE {pg.table('alkstore_jobs')} IN SHARE MODE"))
-        result: list[Any] = []
-        t = threading.Thread(target=lambda: result.append(_capture(lambda: q.enqueue("once"))))
-        t.start()
-        _terminate([_wait_for_lock_waiter(app)])
-        t.join(30)
-        tx.commit()
+        result = _cut_off_once(app, tx, lambda: q.enqueue("once"))
         assert len(result) == 1 and isinstance(result[0], alk.DatabaseError), result
         assert q.stats().pending == 0
         assert q.enqueue("next") > 0  # the store itself is fine
