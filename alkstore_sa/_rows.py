@@ -19,6 +19,7 @@ _STATE = len(JOB_FIELDS)
 _UTC = timezone.utc
 _fromtimestamp = datetime.fromtimestamp
 NO_PAYLOAD: Any = object()  # "not decoded yet"
+UNREADABLE_SHOWN = 200  # characters of an unreadable stored error history quoted in its entry
 
 
 _FIRST = datetime.min.replace(tzinfo=_UTC)
@@ -51,13 +52,20 @@ def _float(value: float | None) -> float | None:
 
 
 def _errors(text: str) -> list[dict[str, Any]]:
+    """A job's stored error history as entries. The column is text: one written or edited
+    by hand may hold anything, and a read that raised on it failed every reader of the job —
+    a worker's claim loop among them (its run() ended, the batch's claims lapsed, at every
+    reclaim). Such a history reads as one entry saying so, quoting what is stored."""
     if text == "[]":
         return []
-    entries = json.loads(text)
-    return [
-        {"attempt": e["attempt"], "error": e["error"], "at": ts(e["at"])}
-        for e in entries
-    ]
+    try:
+        return [
+            {"attempt": e["attempt"], "error": e["error"], "at": ts(e["at"])}
+            for e in json.loads(text)
+        ]
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+        shown = text if len(text) <= UNREADABLE_SHOWN else text[:UNREADABLE_SHOWN] + "..."
+        return [{"attempt": None, "error": f"the stored error history is unreadable: {shown!r}", "at": None}]
 
 
 def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:

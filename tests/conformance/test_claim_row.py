@@ -75,3 +75,28 @@ def test_a_job_whose_timestamps_were_written_past_the_calendar_is_claimed(db: Ta
     assert job.run_at == job.created_at == datetime.min.replace(tzinfo=timezone.utc)
     assert job.expires_at == datetime.max.replace(tzinfo=timezone.utc)
     assert all(h.ack() for h in handles.values())
+
+
+SPOILED_HISTORIES = ["not json", '{"attempt": 1}', "[1, 2]", '[{"attempt": 1, "error": "e", "at": "soon"}]']
+
+
+@pytest.mark.parametrize("history", SPOILED_HISTORIES)
+def test_a_job_whose_error_history_was_spoiled_by_hand_is_claimed_and_read(
+    db: Target, store: alk.Store, qname: str, history: str
+) -> None:
+    """The error history is a text column of JSON entries. One written by hand as anything
+    else made building the claimed job raise (JSONDecodeError, KeyError, TypeError), and so
+    did every read of it (``get_job``, the dead letters, the dashboard). It reads as one
+    entry saying the stored history is unreadable, quoting it."""
+    q = store.queue(qname)
+    odd, plain = q.enqueue({"a": 1}), q.enqueue({"b": 2})
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET errors = :e WHERE id = :id", e=history, id=odd)
+    handles = {h.id: h for h in q.claim_batch("w", 2)}
+    assert set(handles) == {odd, plain}
+    (entry,) = handles[odd].job.errors
+    assert entry["attempt"] is None and entry["at"] is None, entry
+    assert "unreadable" in entry["error"] and repr(history) in entry["error"], entry
+    stored = q.get_job(odd)
+    assert stored is not None and stored.errors == [entry]
+    assert handles[plain].job.errors == []
+    assert all(h.ack() for h in handles.values())

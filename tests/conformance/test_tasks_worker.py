@@ -455,6 +455,24 @@ def test_a_job_whose_stored_payload_is_not_json_goes_dead_and_the_worker_runs_on
     assert isinstance(errors, str) and "payload could not be decoded" in errors, errors
 
 
+def test_a_job_whose_error_history_was_spoiled_by_hand_runs_and_the_worker_runs_on(
+    db: Target, store: alk.Store, qname: str
+) -> None:
+    """The §11 handler gets the whole Job, built on the claim loop's thread: an error
+    history edited by hand to something that is not a list of entries raised there, out of
+    run() — the worker died and the job claimed beside it lapsed, at every reclaim. The job
+    now runs like any other (its history reads as one "unreadable" entry)."""
+    q = store.queue(qname)
+    odd, plain = q.enqueue({"n": 1}), q.enqueue({"n": 2})
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET errors = 'not json' WHERE id = :i", i=odd)
+    seen: dict[int, list[dict[str, Any]]] = {}
+    worker = alk.Worker(store, qname, lambda job: seen.setdefault(job.id, job.errors), concurrency=2, poll_interval=0.2)
+    worker.run(burst=True)
+    assert set(seen) == {odd, plain} and seen[plain] == []
+    assert [e["attempt"] for e in seen[odd]] == [None]
+    assert q.stats() == alk.QueueStats(0, 0, 0, 0, None)
+
+
 def _nested(depth: int) -> Any:
     value: Any = 0
     for _ in range(depth):
