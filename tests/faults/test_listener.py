@@ -14,12 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -217,71 +215,6 @@ def test_the_listener_takes_no_pooled_connection_the_server_has_ended(
         store.notify("after-the-kill", "heard")
         assert sub.get(timeout=DELIVERY) == alk.Notification("after-the-kill", "heard")
         sub.close()
-    finally:
-        store.close()
-        engine.dispose()
-
-
-def _presence_wakes(store: alk.Store, queue: str) -> None:
-    """The probe's verdict comes (LISTEN works), and then a consumer of ``queue`` that
-    advertises gets its presence (taken only once that verdict is in), and a wake."""
-    hub = store.hub()
-    wait_for(lambda: hub.listen_works is True, "the probe's verdict that LISTEN works")
-    key = store.backend.wake_key(queue)
-    woke = threading.Event()
-    token = hub.watch_queue(key, woke.set)
-    try:
-        hub.advertise(key)
-        wait_for(lambda: key in hub._held and key not in hub._unsettled, "the presence to be taken")
-        woke.clear()  # the presence's own claim-once-more wake
-        store.queue(queue).enqueue({"n": 1})
-        assert woke.wait(DELIVERY), "the enqueue did not wake the waiting consumer"
-    finally:
-        hub.unwatch_queue(key, token)
-
-
-def test_a_probe_that_could_not_notify_tries_again(pg: Target, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The round-trip probe's notify failed (the engine's pool exhausted, a blip): it was
-    tried again only at the next reconnection, so the verdict could stay open for the
-    connection's life — and a presence waits for the verdict."""
-    monkeypatch.setattr(pg_listener, "PROBE_RETRY", 0.01)
-    engine = sa.create_engine(PG_URL)
-    failures = [RuntimeError("the probe's notify failed (injected)")] * 2
-
-    @sa.event.listens_for(engine, "before_cursor_execute")
-    def fail_the_probe(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
-        if "pg_notify" in statement and str(params.get("channel", "")).startswith("__alkstore_probe_") and failures:
-            raise failures.pop()
-
-    store = alk.Store(engine, schema=pg.schema)
-    try:
-        _presence_wakes(store, f"probe-retry-{uuid.uuid4().hex[:8]}")
-        assert not failures
-    finally:
-        store.close()
-        engine.dispose()
-
-
-def test_a_probe_spanning_a_reconnection_reaches_a_verdict(pg: Target) -> None:
-    """The listener's connection was lost while its probe was in flight: the new connection
-    did not LISTEN on the probe channel, the probe gave up, and the verdict stayed open
-    for good — and a presence waits for the verdict."""
-    engine = sa.create_engine(PG_URL)
-    store = alk.Store(engine, schema=pg.schema)
-    killed: list[int] = []
-
-    @sa.event.listens_for(engine, "before_cursor_execute")
-    def reconnect_first(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
-        if "pg_notify" in statement and str(params.get("channel", "")).startswith("__alkstore_probe_") and not killed:
-            hub = store.hub()
-            pid, generation = hub.backend_pid, hub._generation
-            killed.append(pid)
-            pg.execute("SELECT pg_catalog.pg_terminate_backend(:pid)", pid=pid)
-            wait_for(lambda: hub._generation > generation and hub._probe_ready.is_set(), "the listener to reconnect")
-
-    try:
-        _presence_wakes(store, f"probe-reconnect-{uuid.uuid4().hex[:8]}")
-        assert killed
     finally:
         store.close()
         engine.dispose()
