@@ -7,6 +7,7 @@ time: it is persistent in the file and cannot be switched inside a transaction.)
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from typing import Any
 
@@ -24,9 +25,22 @@ BUSY_TIMEOUT_MS = 60_000
 # while the disk a long reader used is given back down to a modest, fixed bound.
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 
+# SQLite's primary result codes the library tells apart (an extended code carries one in
+# its low byte: a stale snapshot's lock upgrade is SQLITE_BUSY_SNAPSHOT, 517)
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY = 5, 6, 8
+
 log = logging.getLogger("alkstore_sa")
 _warned: set[str] = set()  # database files already warned about (once per file and process)
 _warned_lock = threading.Lock()
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "the write lock is taken" (busy or locked, any variant;
+    an error without a result code, as Python 3.10's sqlite3 raises, by its message)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
 def _rows(dbapi_conn: Any, sql: str) -> list[Any]:

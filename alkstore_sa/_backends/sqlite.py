@@ -30,8 +30,6 @@ from .base import Backend
 from .queue_ops import Turn, claim_in_turn
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, NOTIFY_READERS_SQL, ONE, PROCESSING, ZERO, Executor, bp
 
-_SQLITE_BUSY = 5  # the primary result code; a stale snapshot's upgrade is SQLITE_BUSY_SNAPSHOT (517)
-
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):
     """``+column``: SQLite's documented way to keep the planner from using an index on a
@@ -132,7 +130,7 @@ class SQLiteBackend(Backend):
         returns."""
         err = super().translate_error(exc)
         orig = getattr(err, "orig", None)
-        if isinstance(orig, sqlite3.OperationalError) and getattr(orig, "sqlite_errorcode", None) == _SQLITE_BUSY:
+        if isinstance(orig, sqlite3.OperationalError) and getattr(orig, "sqlite_errorcode", None) == _sqlite.SQLITE_BUSY:
             err.args = (
                 f"{err.args[0]} (another connection held the database's one write lock past the "
                 f"busy timeout, {_sqlite.BUSY_TIMEOUT_MS / 1000:g} s: a long transaction in another "

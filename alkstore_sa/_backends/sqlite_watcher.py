@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import selectors
-import sqlite3
 import threading
 import time
 import uuid
@@ -49,7 +48,7 @@ from sqlalchemy.engine import Engine
 
 from .._conn import RawExecutor
 from .._fanout import Deliver, FanOut, new_selector
-from .._sqlite import BUSY_TIMEOUT_MS, _main_file
+from .._sqlite import BUSY_TIMEOUT_MS, _main_file, is_busy
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
 from .sql import NOTIFY_READERS
@@ -70,17 +69,6 @@ HEARTBEAT = NOTIFY_READER_TTL / 6
 # made is tried again at the next look, a place not dropped expires (the watcher thread, and
 # a listen() or close() holding it, must not sit out a long write transaction elsewhere).
 HEARTBEAT_BUSY_MS = 100
-SQLITE_BUSY, SQLITE_LOCKED = 5, 6
-
-
-def _is_busy(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite's "the write lock is taken" (busy or locked, any variant;
-    Python 3.10's sqlite3 errors carry no code, only the message)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
-    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
-
 
 class SqliteHub:
     def __init__(self, engine: Engine, backend: Any, clock: Callable[[], float | None] | None = None) -> None:
@@ -150,7 +138,7 @@ class SqliteHub:
                     with self._briefly_waiting():
                         self._save_place()
                 except Exception as exc:  # noqa: BLE001 - e.g. a read-only database file
-                    if _is_busy(exc):  # another connection writes: the next look saves it
+                    if is_busy(exc):  # another connection writes: the next look saves it
                         log.debug("alkstore SQLite watcher: reading place not saved yet (%s)", exc)
                     else:
                         log.warning(

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .. import _validate
+from .. import _sqlite, _validate
 from .._urls import engine_from_url, parse_url
 from ..errors import (
     DatabaseError,
@@ -278,20 +278,17 @@ def enable_wal(connection: Connection) -> None:
         cursor.close()
 
 
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8
-
-
 def _wal_advice(exc: BaseException) -> str:
     """What to do about a failed switch to WAL mode, by SQLite's primary result code: the
     busy case has its own cure, a read-only file another, and other errors none to add."""
     code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
     text = str(exc)
-    if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "database is locked" in text:
+    if _sqlite.is_busy(exc):
         return (
             " (it can switch only while no other connection has a transaction open on the file: "
             "end the application's open transactions, or stop its processes, and install again)"
         )
-    if code == _SQLITE_READONLY or "readonly database" in text:
+    if code == _sqlite.SQLITE_READONLY or "readonly database" in text:
         return (
             " (the install writes to the file: open it read-write, and make the file and its "
             "directory, where SQLite keeps the -wal and -shm files, writable by this process)"
