@@ -40,13 +40,15 @@ LISTEN_TIMEOUT = 30.0  # how long listen() waits for a listener that cannot conn
 # listener tries the barrier again after this long, doubling up to SETTLE_RETRY_MAX
 SETTLE_RETRY, SETTLE_RETRY_MAX = 0.001, 0.016
 PROBE_TIMEOUT = 10.0  # how long the round-trip probe waits for its own notification
+PROBE_ROUNDS = 2  # round trips in a row that must miss before the probe rules "LISTEN does not work"
+PROBE_RETRY, PROBE_RETRY_MAX = 1.0, 30.0  # a probe that could not notify tries again (doubling)
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3  # seconds, seconds, probes
 TCP_USER_TIMEOUT_MS = 30_000  # unacknowledged data older than this kills the connection
 CHECKOUT_ATTEMPTS = 3  # pooled connections tried at connect (each dead one invalidates all older)
 
 _PROBE_WARNING = (
-    "alkstore: LISTEN does not work through this connection: a probe notification sent "
-    "from another connection did not arrive within %.0fs (PgBouncer in transaction pooling "
+    "alkstore: LISTEN does not work through this connection: %d probe notifications sent "
+    "from another connection did not arrive, each within %.0fs (PgBouncer in transaction pooling "
     "mode?). Workers and stream subscribers fall back to polling every poll_interval and "
     "store.listen() receives nothing; give the listener a direct connection (docs/pgbouncer.md)."
 )
@@ -87,6 +89,10 @@ class PgHub:
         # not passed yet, when to try it again and the delay after that; the keys whose
         # lock is to be given back (a wake arrived: the waiter it announced waits no more)
         self._asked: set[str] = set()
+        # asked before the probe's verdict: a presence is a session lock, and through a
+        # transaction pooler the "session" is whichever server connection ran it (the lock
+        # would stay there for other clients), so it is taken only once LISTEN is known to work
+        self._deferred: set[str] = set()
         self._held: set[str] = set()
         self._unsettled: dict[str, tuple[float, float]] = {}
         self._release: set[str] = set()
@@ -95,8 +101,11 @@ class PgHub:
         self._conn: ListenConnection | None = None
         self._generation = 0  # connections made so far: a probe spanning a reconnect proves nothing
         self._probe_key = "__alkstore_probe_" + uuid.uuid4().hex
-        self._probe = "pending"  # pending → running → done
+        self._probe = "pending"  # pending → running → done (the verdict: listen_works)
         self._probe_seen = threading.Event()
+        # set while the live connection LISTENs on the probe channel (from the end of its
+        # connect until it is lost): only then can a probe's notification arrive
+        self._probe_ready = threading.Event()
         self._probe_thread: threading.Thread | None = None
         # the round-trip probe's verdict: None until it ran, False where notifications do
         # not come through (PgBouncer's transaction pooling; logged once as a WARNING)
@@ -164,12 +173,15 @@ class PgHub:
         (the barrier, tried again until it passes), the queue's consumers here get one
         wake: their claim once more sees those jobs. A listener that is down takes nothing:
         the consumers' re-poll covers."""
-        if self.listen_works is False:
-            return  # behind a transaction pooler: no wake would arrive, and a session lock is not ours
         with self._state:
+            if self.listen_works is False:
+                return  # behind a transaction pooler: no wake would arrive, and a session lock is not ours
             if key in self._asked or key in self._held or key not in self._active or self._closed.is_set():
                 return
             self._asked.add(key)
+            if self.listen_works is None:
+                self._deferred.add(key)  # taken when the probe passes (``_verdict``)
+                return
         self._send("hold", key)
 
     # a stream's publishes wake its subscribers exactly like enqueues wake a queue's consumers
@@ -188,6 +200,7 @@ class PgHub:
         with self._state:
             self._state.notify_all()
         self._probe_seen.set()  # a probe in progress stops waiting (and judges nothing)
+        self._probe_ready.set()  # (and one waiting for a connection stops too)
         self._thread.join(timeout=5)
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=5)  # it may hold one of the engine's connections
@@ -286,20 +299,26 @@ class PgHub:
     def _connect(self) -> ListenConnection:
         proxied = self._checkout()
         self._conn = conn = ListenConnection(proxied.dbapi_connection, self._dispatch)
+        self._generation += 1
         tune_socket(
             conn.fileno, idle=KEEPALIVE_IDLE, interval=KEEPALIVE_INTERVAL, count=KEEPALIVE_COUNT,
             user_timeout_ms=TCP_USER_TIMEOUT_MS,
         )
-        self._generation += 1
         conn.read_idle_limit(HEALTH_CHECK_TIMEOUT)
-        probe = self._probe == "pending"  # decided once: the probe thread may reset it
-        if probe:  # first, so the last query shown is a real LISTEN
-            self._execute("LISTEN", self._probe_key)
+        if self.listen_works is None and conn.reaches_server_directly(HEALTH_CHECK_TIMEOUT):
+            # the session is this connection's own: LISTEN works and a presence lock stays
+            # ours, known now rather than after a round trip whose notification a loaded
+            # machine may hold up past the probe's bound (no probe: it could only be wrong)
+            self._verdict(True)
+        probe = self.listen_works is None and self._probe == "pending"  # its probe runs until a verdict
+        if self.listen_works is None:  # first, so the last query shown is a real LISTEN
+            self._execute("LISTEN", self._probe_key)  # also for a probe running since the last connection
         for key in self.fanout.channel_keys():
             self._listen(key)
         self._drain_commands()
         for key in self._watched_keys():
             self.fanout.dispatch(key, 0, "")
+        self._probe_ready.set()
         if probe:
             self._probe = "running"
             self._probe_thread = threading.Thread(target=self._run_probe, name="alkstore-listen-probe", daemon=True)
@@ -307,11 +326,13 @@ class PgHub:
         return conn
 
     def _lost(self, exc: BaseException) -> None:
+        self._probe_ready.clear()
         self._drop()
         with self._state:
             self._active.clear()
             self._held.clear()  # the session's locks went with it
             self._asked.clear()
+            self._deferred.clear()
             self._unsettled.clear()
             self._release.clear()
             self._failures += 1
@@ -326,7 +347,11 @@ class PgHub:
     def _listen(self, key: str) -> None:
         if not self.fanout.has(key) or key in self._active:
             return
-        self._execute("LISTEN", key)
+        if self.listen_works is not False:
+            self._execute("LISTEN", key)
+        # else behind a transaction pooler (the probe): a LISTEN would register whichever
+        # server connection ran it, which then gets the channel's notifications while idle in
+        # the pool or hands them to another client; nothing would come here anyway
         with self._state:
             self._active.add(key)
             self._state.notify_all()
@@ -342,7 +367,8 @@ class PgHub:
             self._forget(key)
         if held:
             self._release_presence(key)
-        self._execute("UNLISTEN", key)
+        if self.listen_works is not False:  # (nothing was LISTENed: ``_listen``)
+            self._execute("UNLISTEN", key)
 
     def _drain_commands(self) -> None:
         self._release_woken()
@@ -470,29 +496,54 @@ class PgHub:
     def _run_probe(self) -> None:
         """Notify the probe channel (LISTENed at connect) from another connection of the
         application's engine — the path every real notify takes — and warn once if it
-        never arrives: behind a transaction pooler LISTEN is silently useless."""
-        generation = self._generation
+        never arrives: behind a transaction pooler LISTEN is silently useless. Runs until
+        there is a verdict (or the hub closes): a notify that failed is tried again, and so
+        is a probe that spanned a reconnection (the LISTEN it relied on is gone)."""
         notify = sa.select(
             sa.func.pg_catalog.pg_notify(sa.bindparam("channel", type_=sa.Text), sa.literal_column("''"))
         )
-        self._probe_seen.clear()  # before the closed check: close() sets it after setting closed
-        if self._closed.is_set():
-            return
-        try:
-            with self._engine.begin() as conn:
-                conn.execute(notify, {"channel": self._probe_key})
-        except Exception as exc:  # noqa: BLE001 - no verdict now; probe again at the next connect
-            log.debug("alkstore listener probe could not notify (%s)", exc)
-            self._probe = "pending"
-            return
-        arrived = self._probe_seen.wait(PROBE_TIMEOUT)
-        if self._closed.is_set():
-            self._probe = "done"
-        elif arrived:
-            self.listen_works, self._probe = True, "done"
-        elif self._generation != generation or self._conn is None:
-            self._probe = "pending"  # reconnected meanwhile: the LISTEN it relied on is gone
-        else:
-            self.listen_works, self._probe = False, "done"
-            log.warning(_PROBE_WARNING, PROBE_TIMEOUT)
+        retry, missed = PROBE_RETRY, 0
+        while True:
+            self._probe_ready.wait()  # a connection LISTENs on the probe channel (or closed)
+            generation = self._generation
+            if not self._probe_ready.is_set():
+                continue  # lost meanwhile: that generation may be the next, not yet LISTENing
+            self._probe_seen.clear()  # before the closed check: close() sets it after setting closed
+            if self._closed.is_set():
+                return
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(notify, {"channel": self._probe_key})
+            except Exception as exc:  # noqa: BLE001 - no verdict yet: try again
+                log.debug("alkstore listener probe could not notify (%s)", exc)
+                if self._closed.wait(retry):
+                    return
+                retry = min(retry * 2, PROBE_RETRY_MAX)
+                continue
+            arrived = self._probe_seen.wait(PROBE_TIMEOUT)
+            if self._closed.is_set():
+                self._probe = "done"
+                return
+            if arrived:
+                self._verdict(True)
+                return
+            if self._generation != generation or not self._probe_ready.is_set():
+                missed = 0  # reconnected meanwhile: probe the new connection
+                continue
+            missed += 1
+            if missed == PROBE_ROUNDS:  # each round's notification, sent anew, missed its bound
+                self._verdict(False)
+                log.warning(_PROBE_WARNING, PROBE_ROUNDS, PROBE_TIMEOUT)
+                return
 
+    def _verdict(self, works: bool) -> None:
+        """Record whether LISTEN works here; the presences asked for meanwhile are taken
+        now, or dropped (no wake would come through a transaction pooler)."""
+        with self._state:
+            self.listen_works, self._probe = works, "done"
+            deferred, self._deferred = self._deferred, set()
+            if not works:
+                self._asked -= deferred
+        if works:
+            for key in deferred:
+                self._send("hold", key)

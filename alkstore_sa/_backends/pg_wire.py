@@ -6,13 +6,15 @@ retransmitting (about 16 minutes on a half-open connection). Waits use ``selecto
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import os
 import select
 import selectors
 import socket
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._fanout import new_selector
@@ -28,6 +30,50 @@ from ..errors import DatabaseError
 # The two-int form is a key space of its own: no bigint advisory lock can collide with it.
 WAKE_PRESENCE_CLASS = 0x616C6B77
 WAKE_BARRIER_CLASS = 0x616C6B62
+
+# The server's view of a connection: its backend, and the two ends it sees (for
+# ``reaches_server_directly``; the store's connections read one more column after these).
+PEER_SQL = (
+    "SELECT pg_catalog.pg_backend_pid(), pg_catalog.inet_client_addr(), pg_catalog.inet_client_port(),"
+    " pg_catalog.inet_server_addr(), pg_catalog.inet_server_port()"
+)
+
+
+def reaches_server_directly(fd: int, row: Sequence[Any]) -> bool:
+    """Whether the connection on socket ``fd``, whose server answered ``row`` to
+    ``PEER_SQL``, reaches that server directly (no pooler or proxy in between): for TCP,
+    the server sees our local address and port and we see its address and port (the whole
+    connection, not the ports alone: a proxy listening on the server's port whose own
+    connection happens to leave from our port number matches those); for a Unix socket,
+    our peer is the postmaster that forked the backend. False when it cannot be shown
+    (a NAT between us, for one: the safe side)."""
+    backend_pid, client_addr, client_port, server_addr, server_port = row
+    with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: closing it leaves fd open
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            ours, theirs = sock.getsockname(), sock.getpeername()
+            return (
+                (_address(client_addr), client_port) == (_address(ours[0]), ours[1])
+                and (_address(server_addr), server_port) == (_address(theirs[0]), theirs[1])
+            )
+        if sock.family == socket.AF_UNIX and client_port is None and hasattr(socket, "SO_PEERCRED"):
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer_pid = struct.unpack("3i", creds)[0]
+            with open(f"/proc/{int(backend_pid)}/status") as status:
+                parent = next(line for line in status if line.startswith("PPid:"))
+            return peer_pid == int(parent.split()[1])
+    return False
+
+
+def _address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP address as one comparable value (an IPv4-mapped IPv6 address as the IPv4 one,
+    a link-local scope dropped); None when there is none (the server's side of a Unix
+    socket)."""
+    if value is None:
+        return None
+    address = ipaddress.ip_address(str(value).split("%", 1)[0].split("/", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def idle_alive_check(dbapi_conn: Any) -> Callable[[], bool]:
@@ -78,6 +124,24 @@ class ListenConnection:
         )
         ms = self._run(text, "SHOW idle_session_timeout", timeout)
         self.idle_limit = int(ms) / 1000 if ms and int(ms) > 0 else math.inf
+
+    def reaches_server_directly(self, timeout: float) -> bool:
+        """Whether this connection reaches the server directly (``reaches_server_directly``):
+        only then is its session its own — through a transaction pooler each statement may
+        run on another server connection. Bounded like ``execute``."""
+        from psycopg import sql
+
+        row = self._run(sql.SQL(PEER_SQL), "SELECT pg_backend_pid()", timeout, whole_row=True)
+        if row is None:
+            return False
+        pid, client_addr, client_port, server_addr, server_port = (
+            None if v is None else v.decode(self._encoding) for v in row
+        )
+        ports = [None if p is None else int(p) for p in (client_port, server_port)]
+        try:
+            return reaches_server_directly(self.fileno, (pid, client_addr, ports[0], server_addr, ports[1]))
+        except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
+            return False
 
     def receive(self) -> None:
         """Read what the server sent (never waits) and hand on the notifications in it."""
@@ -134,8 +198,9 @@ class ListenConnection:
             "THEN pg_catalog.pg_advisory_unlock({b}, pg_catalog.hashtext({k})) ELSE false END"
         ).format(b=sql.Literal(WAKE_BARRIER_CLASS), k=sql.Literal(key))
 
-    def _run(self, text: Any, command: str, timeout: float) -> bytes | None:
-        """Send one statement, wait (bounded) for its end; the first value it returned."""
+    def _run(self, text: Any, command: str, timeout: float, *, whole_row: bool = False) -> Any:
+        """Send one statement, wait (bounded) for its end; the first value it returned (the
+        first row, as a list of values, with ``whole_row``), None when it returned none."""
         from psycopg import pq
 
         self._pg.send_query(text.as_bytes(self._conn))
@@ -151,7 +216,9 @@ class ListenConnection:
             if result.status == pq.ExecStatus.FATAL_ERROR:
                 error = (result.error_message or b"").decode(errors="replace").strip()
             elif result.status == pq.ExecStatus.TUPLES_OK and result.ntuples:
-                value = result.get_value(0, 0)
+                columns = range(result.nfields) if whole_row else range(1)
+                values = [result.get_value(0, i) for i in columns]
+                value = values if whole_row else values[0]
         if error:
             raise DatabaseError(f"listener statement {command} failed: {error}")
         return value

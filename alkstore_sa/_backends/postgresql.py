@@ -8,10 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import ipaddress
-import os
-import socket
-import struct
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -25,7 +21,13 @@ from ..schema import JOB_FIELDS, dead_jobs, jobs, queue_settings, stream_events
 from .base import Backend
 from .inspect_ops import seconds_until
 from .pg_dialect import CATALOG_DIALECTS, driver_of_dialect
-from .pg_wire import WAKE_BARRIER_CLASS, WAKE_PRESENCE_CLASS, idle_alive_check
+from .pg_wire import (
+    PEER_SQL,
+    WAKE_BARRIER_CLASS,
+    WAKE_PRESENCE_CLASS,
+    idle_alive_check,
+    reaches_server_directly,
+)
 from .queue_ops import Turn, split_turns
 from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, Executor, arg, bp
 
@@ -124,11 +126,7 @@ def _materialized(select: sa.Select[Any] | sa.CompoundSelect, name: str) -> sa.C
 # What the store learns once per physical connection (one round trip): whether it reaches
 # the server directly, and the isolation level its autocommit statements would run at.
 _facts: weakref.WeakKeyDictionary[Any, tuple[bool, str]] = weakref.WeakKeyDictionary()
-_FACTS_SQL = (
-    "SELECT pg_catalog.pg_backend_pid(), pg_catalog.inet_client_addr(), pg_catalog.inet_client_port(),"
-    " pg_catalog.inet_server_addr(), pg_catalog.inet_server_port(),"
-    " pg_catalog.current_setting('default_transaction_isolation')"
-)
+_FACTS_SQL = PEER_SQL + ", pg_catalog.current_setting('default_transaction_isolation')"
 # The level every statement of the store is written for: SKIP LOCKED claims, claim-fenced
 # handle operations and ON CONFLICT upserts that re-check a row a concurrent transaction
 # changed. Under REPEATABLE READ or SERIALIZABLE such a statement fails instead
@@ -146,7 +144,7 @@ def _connection_facts(dbapi_conn: Any) -> tuple[bool, str]:
     if known is None:
         row = dbapi_conn.execute(_FACTS_SQL).fetchone()
         try:
-            direct = _check_directness(dbapi_conn, row[:5])
+            direct = reaches_server_directly(dbapi_conn.pgconn.socket, row[:5])
         except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
             direct = False
         known = _facts[dbapi_conn] = (direct, str(row[5]))
@@ -154,47 +152,13 @@ def _connection_facts(dbapi_conn: Any) -> tuple[bool, str]:
 
 
 def _reaches_server_directly(dbapi_conn: Any) -> bool:
-    """Whether the server's end of this connection is our socket's peer (no pooler or proxy
-    in between): for TCP, the server sees our local address and port and we see its
-    address and port (the whole connection, not the ports alone: a proxy listening on the
-    server's port whose own connection happens to leave from our port number matches
-    those); for a Unix
-    socket, our peer is the postmaster that forked the backend. One round trip per physical
-    connection (remembered); False whenever it cannot be shown."""
+    """Whether this connection reaches the server directly, no pooler or proxy in between
+    (``pg_wire.reaches_server_directly``). One round trip per physical connection
+    (remembered); False whenever it cannot be shown."""
     try:
         return _connection_facts(dbapi_conn)[0]
     except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
         return False
-
-
-def _check_directness(dbapi_conn: Any, row: Sequence[Any]) -> bool:
-    backend_pid, client_addr, client_port, server_addr, server_port = row
-    with socket.socket(fileno=os.dup(dbapi_conn.pgconn.socket)) as sock:
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            ours, theirs = sock.getsockname(), sock.getpeername()
-            return (
-                (_address(client_addr), client_port) == (_address(ours[0]), ours[1])
-                and (_address(server_addr), server_port) == (_address(theirs[0]), theirs[1])
-            )
-        if sock.family == socket.AF_UNIX and client_port is None and hasattr(socket, "SO_PEERCRED"):
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            peer_pid = struct.unpack("3i", creds)[0]
-            with open(f"/proc/{int(backend_pid)}/status") as status:
-                parent = next(line for line in status if line.startswith("PPid:"))
-            return peer_pid == int(parent.split()[1])
-    return False
-
-
-def _address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """An IP address as one comparable value (an IPv4-mapped IPv6 address as the IPv4 one,
-    a link-local scope dropped); None when there is none (the server's side of a Unix
-    socket)."""
-    if value is None:
-        return None
-    address = ipaddress.ip_address(str(value).split("%", 1)[0].split("/", 1)[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
 
 
 @functools.cache

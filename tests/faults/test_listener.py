@@ -14,16 +14,18 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
-from alkstore_sa._backends import pg_listener
+from alkstore_sa._backends import pg_listener, pg_wire
 from tests.support import IN_CI, PG_URL, Target, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -215,6 +217,134 @@ def test_the_listener_takes_no_pooled_connection_the_server_has_ended(
         store.notify("after-the-kill", "heard")
         assert sub.get(timeout=DELIVERY) == alk.Notification("after-the-kill", "heard")
         sub.close()
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def _presence_wakes(store: alk.Store, queue: str) -> None:
+    """The probe's verdict comes (LISTEN works), and then a consumer of ``queue`` that
+    advertises gets its presence (taken only once that verdict is in), and a wake."""
+    hub = store.hub()
+    wait_for(lambda: hub.listen_works is True, "the probe's verdict that LISTEN works")
+    key = store.backend.wake_key(queue)
+    woke = threading.Event()
+    token = hub.watch_queue(key, woke.set)
+    try:
+        hub.advertise(key)
+        wait_for(lambda: key in hub._held and key not in hub._unsettled, "the presence to be taken")
+        woke.clear()  # the presence's own claim-once-more wake
+        store.queue(queue).enqueue({"n": 1})
+        assert woke.wait(DELIVERY), "the enqueue did not wake the waiting consumer"
+    finally:
+        hub.unwatch_queue(key, token)
+
+
+def _probe_notifies(engine: sa.Engine) -> list[str]:
+    """The round-trip probe's notifications sent through ``engine``, as they are sent."""
+    sent: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def spy(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if "pg_notify" in statement and str(params.get("channel", "")).startswith("__alkstore_probe_"):
+            sent.append(params["channel"])
+
+    return sent
+
+
+@pytest.fixture
+def not_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener cannot show that its connection reaches the server directly (a NAT,
+    a session-mode pooler): only the round-trip probe can tell whether LISTEN works."""
+    monkeypatch.setattr(pg_wire.ListenConnection, "reaches_server_directly", lambda self, timeout: False)
+
+
+def test_a_direct_listener_needs_no_probe(pg: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a connection that reaches the server directly, the verdict "LISTEN works" hung on
+    a round trip: a notification held up past the probe's bound (a loaded machine) ruled
+    that LISTEN does not work, and from then on that process's consumers took no presence
+    and got no wakes. A direct connection's session is its own: the verdict needs no probe
+    (held up for good here: a bound of zero)."""
+    monkeypatch.setattr(pg_listener, "PROBE_TIMEOUT", 0.0)
+    engine = sa.create_engine(PG_URL)
+    sent = _probe_notifies(engine)
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        _presence_wakes(store, f"direct-{uuid.uuid4().hex[:8]}")
+        assert sent == []
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_one_missed_probe_notification_does_not_rule_listen_out(
+    pg: Target, not_direct: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One probe notification that missed its bound was the verdict "LISTEN does not work"
+    (no presence, no wakes, no LISTEN ever again). The probe now needs PROBE_ROUNDS misses
+    in a row; here the first round's notification goes to another channel."""
+    monkeypatch.setattr(pg_listener, "PROBE_TIMEOUT", 1.0)
+    engine = sa.create_engine(PG_URL)
+    sent = _probe_notifies(engine)
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def lose_the_first(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if "pg_notify" in statement and len(sent) == 1 and params.get("channel") == sent[0]:
+            params["channel"] = "elsewhere"
+
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        _presence_wakes(store, f"missed-{uuid.uuid4().hex[:8]}")
+        assert len(sent) == 2
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_a_probe_that_could_not_notify_tries_again(
+    pg: Target, not_direct: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round-trip probe's notify failed (the engine's pool exhausted, a blip): it was
+    tried again only at the next reconnection, so the verdict could stay open for the
+    connection's life — and a presence waits for the verdict."""
+    monkeypatch.setattr(pg_listener, "PROBE_RETRY", 0.01)
+    engine = sa.create_engine(PG_URL)
+    failures = [RuntimeError("the probe's notify failed (injected)")] * 2
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def fail_the_probe(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if "pg_notify" in statement and str(params.get("channel", "")).startswith("__alkstore_probe_") and failures:
+            raise failures.pop()
+
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        _presence_wakes(store, f"probe-retry-{uuid.uuid4().hex[:8]}")
+        assert not failures
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_a_probe_spanning_a_reconnection_reaches_a_verdict(pg: Target, not_direct: None) -> None:
+    """The listener's connection was lost while its probe was in flight: the new connection
+    did not LISTEN on the probe channel, the probe gave up, and the verdict stayed open
+    for good — and a presence waits for the verdict."""
+    engine = sa.create_engine(PG_URL)
+    store = alk.Store(engine, schema=pg.schema)
+    killed: list[int] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def reconnect_first(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if "pg_notify" in statement and str(params.get("channel", "")).startswith("__alkstore_probe_") and not killed:
+            hub = store.hub()
+            pid, generation = hub.backend_pid, hub._generation
+            killed.append(pid)
+            pg.execute("SELECT pg_catalog.pg_terminate_backend(:pid)", pid=pid)
+            wait_for(lambda: hub._generation > generation and hub._probe_ready.is_set(), "the listener to reconnect")
+
+    try:
+        _presence_wakes(store, f"probe-reconnect-{uuid.uuid4().hex[:8]}")
+        assert killed
     finally:
         store.close()
         engine.dispose()

@@ -23,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 import alkstore_sa as alk
-from alkstore_sa._backends import pg_listener
+from alkstore_sa._backends import pg_listener, pg_wire
 from tests.faults import pgbouncer
 from tests.support import IN_CI, Target, wait_for
 
@@ -116,6 +116,86 @@ def test_listen_through_the_pooler_is_detected_and_workers_poll(
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert warnings[0].levelno == logging.WARNING
     assert "PgBouncer" in warnings[0].getMessage() and "poll_interval" in warnings[0].getMessage()
+
+
+def test_an_idle_worker_leaves_no_presence_lock_on_a_pooled_server_connection(
+    bouncer: pgbouncer.Bouncer, pg: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's presence (``advertise``) is a session-level advisory lock taken on the
+    listener's connection. Through a transaction pooler that "session" is whichever server
+    connection ran the statement: the lock stayed there, held on behalf of nobody, for
+    other clients' transactions (every enqueue into the queue then notified for nothing).
+    Before the round-trip probe's verdict (held off here) no presence is taken at all."""
+    monkeypatch.setattr(pg_listener, "PROBE_TIMEOUT", 600.0)  # no verdict during the test
+    advertised = threading.Event()
+    advertise = pg_listener.PgHub.advertise
+
+    def spy(self: pg_listener.PgHub, key: str) -> None:
+        advertise(self, key)
+        advertised.set()
+
+    monkeypatch.setattr(pg_listener.PgHub, "advertise", spy)
+    engine = sa.create_engine(bouncer.url, connect_args=NO_PREPARE)
+    store = alk.Store(engine, schema=pg.schema)
+    queue = "presence-pooled"
+    worker = alk.Worker(store, queue, lambda job: None, poll_interval=0.3)
+    stop = alk.StopToken()
+    runner = threading.Thread(target=worker.run, args=(stop,))
+    try:
+        runner.start()
+        assert advertised.wait(DELIVERY), "the idle worker never advertised"
+        store.listen("fence").close()  # the listener has run every command sent before
+        held = pg.scalar(
+            "SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND classid = :cls"
+            " AND objid::text::bigint = (pg_catalog.hashtext(:key)::bigint & 4294967295)",
+            cls=pg_wire.WAKE_PRESENCE_CLASS, key=store.backend.wake_key(queue),
+        )
+        assert store.hub().listen_works is None
+        assert held == 0, "a presence lock was left on a server connection of the pool"
+    finally:
+        stop.stop()
+        runner.join(30)
+        store.close()
+        engine.dispose()
+
+
+def test_once_listen_is_known_not_to_work_the_listener_sends_no_more_listens(
+    bouncer: pgbouncer.Bouncer, pg: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each LISTEN sent through a transaction pooler registers whichever server connection
+    ran it: those connections then get the channel's notifications while idle in the pool
+    (PgBouncer logs "got packet 'A' from server when not linked" for each) or hand them to
+    another client. Once the probe showed that LISTEN does not work, the listener kept
+    sending LISTEN (and UNLISTEN) for every channel and stream subscribed later."""
+    monkeypatch.setattr(pg_listener, "PROBE_TIMEOUT", 1.0)
+    sent: list[str] = []
+    execute = pg_wire.ListenConnection.execute
+
+    def spy(self: pg_wire.ListenConnection, command: str, key: str | None, timeout: float) -> None:
+        sent.append(command)
+        execute(self, command, key, timeout)
+
+    monkeypatch.setattr(pg_wire.ListenConnection, "execute", spy)
+    engine = sa.create_engine(bouncer.url, connect_args=NO_PREPARE)
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        hub = store.hub()
+        wait_for(lambda: hub.listen_works is not None, "the probe's verdict")
+        assert hub.listen_works is False
+        sent.clear()
+        sub = store.listen("later")  # still returns (docs/pgbouncer.md): it receives nothing
+        sub.close()
+        stop = alk.StopToken()
+        events = store.stream("later-stream").subscribe("c", stop)
+        store.stream("later-stream").publish(1)
+        assert next(events).payload == 1  # by its re-read
+        stop.stop()
+        events.close()
+        store.listen("fence").close()  # the listener has run every command sent before
+        assert [c for c in sent if "LISTEN" in c] == []
+    finally:
+        store.close()
+        engine.dispose()
 
 
 def test_a_direct_listener_beside_a_pooled_engine_gets_notifications(
