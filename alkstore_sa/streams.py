@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -123,12 +124,19 @@ class Stream:
     def _follow(self, consumer: str, stop: StopToken, wait: float, batch: int) -> Iterator[Event]:
         nudge = threading.Event()
         unhook = stop.on_stop(nudge.set)  # taken back when this subscription ends
+        pid = os.getpid()  # the process whose listener ``watch`` is registered with
         watch = self._watch(nudge.set, wait)
         backoff = Backoff(RETRY_BASE, min(wait, RETRY_CAP))
         outage = Outage(log, f"subscription {consumer!r} to stream {self.name!r}", backoff)
         position: int | None = None  # read once the database answers
         try:
             while not stop.stopped:
+                if pid != os.getpid():
+                    # resumed in a forked child (started before a pre-fork server forked):
+                    # the wake-up is the parent's listener's, which is not here (store.hub()
+                    # leaves it alone); watch on the child's own, then read again, as a
+                    # publish may have come while this one waited for nothing
+                    pid, watch = os.getpid(), self._watch(nudge.set, wait)
                 nudge.clear()
                 try:
                     if position is None:
@@ -143,11 +151,11 @@ class Stream:
                         return
                     position = event.offset
                     yield event
-                if len(events) < batch:
+                if len(events) < batch and pid == os.getpid():
                     nudge.wait(wait)
         finally:
             unhook()
-            if watch is not None:
+            if watch is not None and pid == os.getpid():  # never the parent's listener
                 self._unwatch(watch)
 
     def _watch(self, wake: Callable[[], None], wait: float) -> tuple[Any, str, int] | None:

@@ -12,6 +12,7 @@ arrives within seconds can only have come through the wake path, never the re-po
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 import time
@@ -714,6 +715,52 @@ def test_subscribe_wakes_for_names_of_any_character_and_length(
         assert (e.offset, e.payload, e.stream) == (1, "mine", name)
     finally:
         f.close()
+
+
+def test_a_subscription_started_before_a_fork_is_woken_in_the_child(store: alk.Store, qname: str) -> None:
+    """A pre-fork server (gunicorn --preload) started a ``subscribe`` iterator in the
+    master: its wake-up stayed registered with the parent's listener thread, which a
+    forked child does not have, so in the child the iterator only re-polled (here: never).
+    In the child it is woken by the child's own listener, from its next read there. The
+    child's stop token ends its wait after DELIVERY, so a child that is never woken
+    reports "<nothing>" instead of hanging."""
+    st = store.stream(qname)
+    st.publish("seed")
+    stop = alk.StopToken()
+    events = st.subscribe("c", stop, poll_interval=NEVER)
+    assert next(events).payload == "seed"  # running: its wake-up is the parent's
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(out_r)
+            for _ in range(2):
+                timer = threading.Timer(DELIVERY, stop.stop)
+                timer.start()
+                event = next(events, None)
+                timer.cancel()
+                os.write(out_w, (event.payload if event is not None else "<nothing>").encode() + b"\n")
+            events.close()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(out_w)
+    try:
+        with os.fdopen(out_r, "rb", closefd=False) as out:
+            # published before the child's read, the read finds it; after it, a wake must
+            st.publish("first")
+            first = out.readline()
+            st.publish("second")  # the child has read: only a wake brings this one
+            second = out.readline()
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(out_r)
+    assert (first, second) == (b"first\n", b"second\n")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [next(events).payload for _ in range(2)] == ["first", "second"]  # the parent's still runs
+    stop.stop()
+    assert next(events, None) is None
 
 
 def test_transactional_publish_is_not_delivered_before_commit(db: Target, store: alk.Store, qname: str) -> None:
