@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import unicodedata
 
 # C0 and DEL, C1; then the Unicode characters that reorder or break displayed text: the
 # bidirectional marks, embeddings, overrides and isolates ("Trojan Source"), and the line
@@ -31,9 +32,35 @@ def _escape(match: re.Match[str]) -> str:
 
 def shown(value: object) -> str:
     """``str(value)`` with every character a terminal would act on escaped. An escape is
-    plain ASCII, as wide on the terminal as it is long, so a table padded by ``len`` of
+    plain ASCII, as wide on the terminal as it is long, so a table padded by ``width`` of
     the shown text stays aligned."""
     return _ACTING.sub(_escape, str(value))
+
+
+def _columns(ch: str) -> int:
+    """How many terminal columns one character takes: none for a combining mark (it goes
+    on the character before it) or an invisible format character (a zero-width joiner or
+    space; the soft hyphen is shown), two for an East Asian wide or fullwidth character
+    (CJK, kana, most emoji), one for everything else."""
+    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me") or (
+        unicodedata.category(ch) == "Cf" and ch != "\xad"
+    ):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def width(text: str) -> int:
+    """How many columns ``text`` (a ``shown()`` value: no control characters) takes on a
+    terminal, which is what a table is aligned by: ``len`` counts a wide character as one
+    column and a combining accent as one more."""
+    return sum(_columns(ch) for ch in text)
+
+
+def padded(text: str, columns: int, *, left: bool) -> str:
+    """``text`` padded with spaces to ``columns`` terminal columns, on the right
+    (``left=True``: the text reads from the column's left edge) or on the left."""
+    fill = " " * max(columns - width(text), 0)
+    return text + fill if left else fill + text
 
 
 def shown_lines(text: str) -> str:

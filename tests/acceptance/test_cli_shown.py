@@ -176,3 +176,47 @@ def test_the_workers_log_escapes_the_handlers_error(cli: Cli) -> None:
     assert f"\nRuntimeError: {traced}\n" in err, err
     assert "Traceback (most recent call last):\n  File " in err, err
 
+
+
+def columns_of(text: str) -> int:
+    """How many terminal columns ``text`` takes: East Asian wide and fullwidth characters
+    two, combining marks none (what a terminal shows; unlike ``len``)."""
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
+    )
+
+
+def test_status_aligns_queue_and_worker_names_of_wide_and_combining_characters(cli: Cli) -> None:
+    """Queue and worker names in Chinese or Japanese (two columns a character), fullwidth
+    Latin, or with combining accents (none): the table is padded by what the terminal
+    shows, so every count still ends under the end of its heading (padding by ``len``
+    left the counts of such a row off by one column a wide character, or a combining mark)."""
+    s = cli.install()
+    names = ["emails", "注文の確認", "ＡＢＣ", "cafe\u0301-cre\u0300me"]
+    for name in names:
+        s.queue(name).enqueue({"n": 1})
+    with s.executor() as ex:
+        s.backend.worker_refresh(ex, {
+            "id": "作業者-1", "hostname": "ホスト", "pid": 4242, "queues": json.dumps(names[1:3]),
+            "concurrency": 3, "ttl": 3600.0, "now": s.now(),
+        })
+    res = cli.run("status", env=cli.env(PYTHONIOENCODING="utf-8"))
+    assert res.returncode == 0, res.stderr
+    queues, workers = res.stdout.rstrip("\n").split("\n\n")
+    header, *rows = queues.splitlines()
+    assert len(rows) == len(names), rows
+    for row in rows:
+        for heading, count in {"pending": "1", "ready": "1", "processing": "0", "dead": "0"}.items():
+            edge = columns_of(header[:header.index(heading) + len(heading)])
+            # the character whose last column is the heading's last, and what follows it
+            at = next(i for i in range(len(row)) if columns_of(row[:i + 1]) == edge)
+            assert row[at:at + 2] == f"{count} ", (row, heading)
+    w_header, w_row = workers.splitlines()
+    for heading in ["hostname", "queues", "started_at"]:  # these read from the left edge
+        start = columns_of(w_header[:w_header.index(heading)])
+        at = next(i for i in range(len(w_row)) if columns_of(w_row[:i]) == start)
+        assert w_row[at - 1] == " " and w_row[at] != " ", (w_row, heading)
+    edge = columns_of(w_header[:w_header.index("concurrency") + len("concurrency")])
+    at = next(i for i in range(len(w_row)) if columns_of(w_row[:i + 1]) == edge)
+    assert w_row[at:at + 2] == "3 ", w_row
