@@ -43,10 +43,12 @@ def connection_of(session: SessionLike, function: str = "enqueue", owner: str = 
     (``alk.enqueue``; ``task.enqueue`` for a Task's)."""
     if isinstance(session, Connection):
         _refuse_outside_run_sync(session.dialect, session, function, owner)
+        _refuse_unusable(session, session, f"{owner}.{function}", "a Connection")
         return session
     if isinstance(session, (Session, scoped_session)):
         bind = _bind_of(session, function, owner=owner)
         _refuse_outside_run_sync(bind.dialect, session, function, owner)  # before any I/O
+        _refuse_unusable(session, bind, f"{owner}.{function}", f"a {type(session).__name__}")
         try:
             return session.connection()
         except Exception as exc:
@@ -79,6 +81,29 @@ def _bind_of(
         ) from None
 
 
+def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_async: bool = False) -> None:
+    """Refuse, before any I/O, what cannot carry the caller's transaction: a closed
+    Connection (or a Session bound to one), and a Session made with ``autobegin=False``
+    outside ``begin()`` — these functions join the caller's transaction, never begin one.
+    SQLAlchemy's own errors for them would come out as a DatabaseError, as if the database
+    had refused a statement. ``session``: the Session or Connection (an async one's sync
+    facade), ``called``: the function the caller used, ``given``: what they passed ("an
+    AsyncSession")."""
+    if isinstance(bind, Connection) and bind.closed:
+        own = bind is session
+        raise InvalidOptions(
+            f"{called} got {given} {'that is closed' if own else 'bound to a closed Connection'}: "
+            "pass an open one, in the transaction the job is to join"
+        )
+    real = session() if isinstance(session, scoped_session) else session
+    if isinstance(real, Session) and not real.autobegin and not real.in_transaction():
+        begin = "async with session.begin():" if is_async else "with session.begin():"
+        raise InvalidOptions(
+            f"{called} got {given} made with autobegin=False and no transaction begun: "
+            f"call it inside `{begin}` (it joins your transaction, never begins one)"
+        )
+
+
 def _refuse_outside_run_sync(dialect: Any, session: object, function: str, owner: str = "alk") -> None:
     """The synchronous facade of an async session or connection (``.sync_session``,
     ``.sync_connection``) works only inside ``run_sync``; called directly, its driver fails
@@ -106,10 +131,20 @@ async def run_in_async_transaction(
     whose ``a``-function was called in errors (``alk``; ``task`` for a Task's)."""
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
+    called = f"{owner}.a{function}"
     if isinstance(session, async_scoped_session):
         session = session()  # the AsyncSession of the current scope
     if isinstance(session, AsyncSession):
-        _bind_of(session.sync_session, f"a{function}", is_async=True, owner=owner)  # before run_sync names the sync form
+        bind = _bind_of(session.sync_session, f"a{function}", is_async=True, owner=owner)  # before run_sync names the sync form
+        _refuse_unusable(session.sync_session, bind, called, "an AsyncSession", is_async=True)
+    if isinstance(session, AsyncConnection):
+        if session.sync_connection is None:  # SQLAlchemy's AsyncContextNotStarted is no AlkstoreError
+            raise InvalidOptions(
+                f"{called} got an AsyncConnection not started (engine.connect() without await): "
+                "use `async with engine.connect() as conn:` or `conn = await engine.connect()`"
+            )
+        sync = session.sync_connection
+        _refuse_unusable(sync, sync, called, "an AsyncConnection", is_async=True)
     if isinstance(session, (AsyncSession, AsyncConnection)):
         return await session.run_sync(fn, *args, **kw)
     if isinstance(session, (Session, scoped_session, Connection)):

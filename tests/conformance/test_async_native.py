@@ -505,3 +505,69 @@ def test_a_call_cancelled_mid_statement_never_leaves_a_commit_that_writes_nothin
         assert q.stats().pending == 1
         job = q.get_job(kept[0])
         assert job is not None and job.payload == "again"
+
+
+def test_a_session_or_connection_that_cannot_run_a_transaction_is_refused(db: Target, store: alk.Store) -> None:
+    """A closed Connection or AsyncConnection, an AsyncConnection never started (``conn =
+    engine.connect()`` without ``await``), a Session or AsyncSession made with
+    ``autobegin=False`` outside ``begin()``: none can carry the caller's transaction. Every
+    caller's-transaction function (sync and async, and a task's) refuses it with
+    InvalidOptions saying why, before any I/O — not DatabaseError, as if the database had
+    refused a statement, nor SQLAlchemy's own AsyncContextNotStarted, which is no
+    AlkstoreError (SPEC §3) — and writes nothing."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue="carrier")
+    def job(x: int) -> None: ...
+
+    engine = sa.create_engine(db.url)
+    store.register(engine)
+    closed = engine.connect()
+    closed.close()
+    sync_cases: list[tuple[Any, str]] = [
+        (closed, "closed"),
+        (Session(bind=closed), "closed"),
+        (Session(engine, autobegin=False), "autobegin"),
+        (scoped_session(sessionmaker(engine, autobegin=False)), "autobegin"),
+    ]
+    for session, why in sync_cases:
+        for function, args in FUNCTIONS:
+            with pytest.raises(alk.InvalidOptions, match=why) as info:
+                getattr(alk, function)(session, *args)
+            assert f"alk.{function} got a" in str(info.value)
+        with pytest.raises(alk.InvalidOptions, match=why):
+            job.enqueue(session, 1)
+    autobegin_off = Session(engine, autobegin=False)
+    with autobegin_off.begin():  # begun: accepted
+        assert alk.enqueue(autobegin_off, "carrier", "begun") > 0
+
+    async_engine = create_async_engine(async_url("aiosqlite" if db.kind == "sqlite" else "asyncpg", db))
+    store.register(async_engine)
+
+    async def scenario() -> None:
+        closed = await async_engine.connect()
+        await closed.close()
+        cases: list[tuple[Any, str]] = [
+            (async_engine.connect(), "not started"),
+            (closed, "closed"),
+            (AsyncSession(async_engine, autobegin=False), "autobegin"),
+            (async_scoped_session(async_sessionmaker(async_engine, autobegin=False), scopefunc=lambda: 1), "autobegin"),
+        ]
+        for session, why in cases:
+            for function, args in FUNCTIONS:
+                with pytest.raises(alk.InvalidOptions, match=why) as info:
+                    await getattr(alk, "a" + function)(session, *args)
+                assert f"alk.a{function} got a" in str(info.value)
+            with pytest.raises(alk.InvalidOptions, match=why):
+                await job.aenqueue(session, 1)
+        async with AsyncSession(async_engine, autobegin=False) as session, session.begin():
+            assert await alk.aenqueue(session, "carrier", "begun") > 0
+        await async_engine.dispose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.dispose()
+    assert store.queue("carrier").stats().pending == 2  # the two begun ones
+    assert store.queue("q").stats().pending == store.outbox("o").queue.stats().pending == 0
+    assert store.stream("s").read() == []
