@@ -24,7 +24,12 @@ from . import _validate as v
 from .errors import AlkstoreError, InvalidOptions, InvalidSpec, PayloadError
 from .queue import Queue, QueueOpts
 from .store import Store, store_for
-from .transactional import connection_of, is_async_session, run_in_async_transaction
+from .transactional import (
+    connection_of,
+    is_async_session,
+    run_in_async_transaction,
+    sync_given_to_async,
+)
 from .transactional import enqueue as enqueue_in_transaction
 
 P = ParamSpec("P")
@@ -139,9 +144,7 @@ class TaskCall(Generic[P]):
         if isinstance(session, Store):
             return await asyncio.to_thread(self.enqueue, session, *args, **kwargs)
         if isinstance(session, (Session, scoped_session, Connection)):
-            raise InvalidOptions(
-                f"a {type(session).__name__} is synchronous: use task.enqueue(session, ...) without await"
-            )
+            raise sync_given_to_async(session, "task.aenqueue", "task.enqueue(session, ...) without await")
         if not is_async_session(session):
             raise InvalidOptions(f"aenqueue() takes {_ACCEPTED_ASYNC}, got {type(session).__name__}")
         # the native path of alk.aenqueue: the sync form runs on the caller's async connection,

@@ -81,6 +81,25 @@ def _bind_of(
         ) from None
 
 
+def sync_given_to_async(session: SessionLike, called: str, instead: str) -> InvalidOptions:
+    """The error for a synchronous session given to an ``a``-function (``called``): use
+    ``instead`` (the sync form) — unless it is the synchronous facade of an async one
+    (``.sync_session``, ``.sync_connection``: its engine's driver is async), which works only
+    inside run_sync, so the sync form would refuse it as well: pass the async object itself."""
+    kind = type(session).__name__
+    try:
+        dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    except UnboundExecutionError:
+        dialect = None
+    if dialect is not None and dialect.is_async:
+        real = "AsyncConnection" if isinstance(session, Connection) else "AsyncSession"
+        return InvalidOptions(
+            f"{called} got the {kind} of an {real} (its synchronous facade, usable only inside "
+            f"run_sync): pass the {real} itself"
+        )
+    return InvalidOptions(f"{called} got a {kind}: use {instead}")
+
+
 def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_async: bool = False) -> None:
     """Refuse, before any I/O, what cannot carry the caller's transaction: a closed
     Connection (or a Session bound to one), and a Session made with ``autobegin=False``
@@ -148,9 +167,7 @@ async def run_in_async_transaction(
     if isinstance(session, (AsyncSession, AsyncConnection)):
         return await session.run_sync(fn, *args, **kw)
     if isinstance(session, (Session, scoped_session, Connection)):
-        raise InvalidOptions(
-            f"alk.a{function} got a {type(session).__name__}: use `alk.{function}(...)` (no await)"
-        )
+        raise sync_given_to_async(session, called, f"`alk.{function}(...)` (no await)")
     raise InvalidOptions(
         f"alk.a{function} expected an AsyncSession, async_scoped_session or AsyncConnection, "
         f"got {type(session).__name__}"

@@ -571,3 +571,42 @@ def test_a_session_or_connection_that_cannot_run_a_transaction_is_refused(db: Ta
     assert store.queue("carrier").stats().pending == 2  # the two begun ones
     assert store.queue("q").stats().pending == store.outbox("o").queue.stats().pending == 0
     assert store.stream("s").read() == []
+
+
+def test_the_sync_facade_given_to_an_async_function_names_the_async_object(tmp_path) -> None:
+    """``await alk.aenqueue(async_session.sync_session, ...)`` (or an AsyncConnection's
+    ``.sync_connection``, or a task's ``aenqueue``): the object is the synchronous facade of
+    an async session, so the advice is to pass the AsyncSession or AsyncConnection itself —
+    not to call ``alk.enqueue(...)`` without await, which refuses that same object in turn
+    (it works only inside run_sync) and sends the caller back here."""
+    target = sqlite_target(str(tmp_path))
+    tasks = alk.Tasks()
+
+    @tasks.task(queue="facade")
+    def job(x: int) -> None: ...
+
+    async def scenario() -> None:
+        engine = create_async_engine(async_url("aiosqlite", target))
+        try:
+            async with AsyncSession(engine) as session:
+                facades = [session.sync_session, (await session.connection()).sync_connection]
+                for facade, real in zip(facades, ["AsyncSession", "AsyncConnection"], strict=True):
+                    kind = type(facade).__name__
+                    for function, args in FUNCTIONS:
+                        with pytest.raises(alk.InvalidOptions) as info:
+                            await getattr(alk, "a" + function)(facade, *args)
+                        message = str(info.value)
+                        assert message.startswith(f"alk.a{function} got the {kind} of an {real}"), message
+                        assert "no await" not in message, message
+                    with pytest.raises(alk.InvalidOptions) as info:
+                        await job.aenqueue(facade, 1)
+                    message = str(info.value)
+                    assert message.startswith(f"task.aenqueue got the {kind} of an {real}"), message
+                    assert "without await" not in message, message
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+    with target.store() as store:
+        assert store.queue("facade").stats().pending == store.queue("q").stats().pending == 0
+    target.engine.dispose()
