@@ -57,9 +57,17 @@ class _State:
     tasks: Tasks
 
 
+def _check_app(app: object, call: str) -> None:
+    """A Flask app, or InvalidOptions at the call: anything else as ``app`` would fail only
+    later — in the worker, on every attempt of every job (it has no ``app_context``)."""
+    if not isinstance(app, Flask):
+        raise InvalidOptions(f"{call}: app must be a Flask app, got {type(app).__name__}")
+
+
 def init_app(app: Flask, tasks: Tasks, store: Store | None = None) -> None:
     """Make ``store`` the app's store (``app.extensions["alkstore"]``; None: the one already
     there) and add the ``flask alkstore worker`` command serving ``tasks``."""
+    _check_app(app, "init_app(app, tasks, store)")
     if not isinstance(tasks, Tasks):
         raise InvalidOptions(f"init_app(app, tasks, store): tasks must be an alk.Tasks registry, got {type(tasks).__name__}")
     if store is None:
@@ -79,7 +87,11 @@ def init_app(app: Flask, tasks: Tasks, store: Store | None = None) -> None:
 def app_context_tasks(app: Flask, tasks: Tasks) -> Tasks:
     """A registry with the same tasks (names, queues, options), each run inside a fresh
     application context of ``app``: what ``flask alkstore worker`` serves. Use it to run
-    ``alk.Worker(store, app_context_tasks(app, tasks))`` yourself."""
+    ``alk.Worker(store, app_context_tasks(app, tasks))`` yourself. InvalidOptions for an
+    ``app`` that is no Flask app, or ``tasks`` that is no ``alk.Tasks`` registry."""
+    _check_app(app, "app_context_tasks(app, tasks)")
+    if not isinstance(tasks, Tasks):
+        raise InvalidOptions(f"app_context_tasks(app, tasks): tasks must be an alk.Tasks registry, got {type(tasks).__name__}")
     wrapped = Tasks()
     for task in tasks:
         wrapped._add(Task(_with_context(app, task), name=task.name, queue=task.queue, opts=task.opts,

@@ -149,6 +149,33 @@ def test_init_app_checks_its_arguments(dbstore: alk.Store) -> None:
     assert "alkstore" in app.cli.commands
 
 
+def test_app_context_tasks_and_init_app_refuse_what_is_no_flask_app_or_registry(dbstore: alk.Store, qname: str) -> None:
+    """``app_context_tasks(app, tasks)`` took anything as the app, and every task of the
+    registry it returned then failed in the worker on each attempt ('NoneType' object has no
+    attribute 'app_context') until the job was dead; a list of tasks instead of a registry,
+    or ``init_app`` given no Flask app, raised AttributeError, which is no AlkstoreError.
+    Each is refused with InvalidOptions at the call, and nothing is changed."""
+    flask = pytest.importorskip("flask")
+    from alkstore_sa.flask import EXTENSION, app_context_tasks, init_app
+
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname)
+    def job(n: int) -> None: ...
+
+    app = flask.Flask("checks")
+    for not_an_app in (None, object(), "app", flask.Blueprint("bp", __name__)):
+        with pytest.raises(alk.InvalidOptions, match="a Flask app"):
+            app_context_tasks(not_an_app, tasks)  # type: ignore[arg-type]
+        with pytest.raises(alk.InvalidOptions, match="a Flask app"):
+            init_app(not_an_app, tasks, dbstore)  # type: ignore[arg-type]
+    for not_a_registry in ([job], "tasks", None):
+        with pytest.raises(alk.InvalidOptions, match="Tasks registry"):
+            app_context_tasks(app, not_a_registry)  # type: ignore[arg-type]
+    assert EXTENSION not in app.extensions
+    assert [t.name for t in app_context_tasks(app, tasks)] == [job.name]
+
+
 def test_flask_alkstore_worker_on_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
     """As ``alkstore worker``: the error is one line saying what to check, exit 1, no
     traceback (the command used to print the driver's whole traceback)."""
