@@ -31,6 +31,7 @@ JOIN = 5.0  # seconds a stopped subscription's thread may take to end
 SETTLE = 0.5  # seconds for a subscription to finish its initial read and block in its wait
 QUIET = 0.3  # seconds of silence that stand for "nothing delivered"
 NEVER = 3600.0  # a re-poll interval no test waits for: deliveries must come from a wake
+CHILD_BOUND = 30.0  # seconds a forked child's subscription may take to deliver (a failure bound)
 
 
 def events_of(db: Target, stream: str) -> list[tuple[int, str]]:
@@ -722,8 +723,9 @@ def test_a_subscription_started_before_a_fork_is_woken_in_the_child(store: alk.S
     master: its wake-up stayed registered with the parent's listener thread, which a
     forked child does not have, so in the child the iterator only re-polled (here: never).
     In the child it is woken by the child's own listener, from its next read there. The
-    child's stop token ends its wait after DELIVERY, so a child that is never woken
-    reports "<nothing>" instead of hanging."""
+    child's stop token ends its wait after CHILD_BOUND, so a child that is never woken
+    reports "<nothing>" instead of hanging (the bound covers the child's first connections
+    and its listener's start on a loaded machine: only a failing run waits it out)."""
     st = store.stream(qname)
     st.publish("seed")
     stop = alk.StopToken()
@@ -736,7 +738,7 @@ def test_a_subscription_started_before_a_fork_is_woken_in_the_child(store: alk.S
         try:
             os.close(out_r)
             for _ in range(2):
-                timer = threading.Timer(DELIVERY, stop.stop)
+                timer = threading.Timer(CHILD_BOUND, stop.stop)
                 timer.start()
                 event = next(events, None)
                 timer.cancel()
