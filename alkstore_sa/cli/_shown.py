@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import unicodedata
 
 # C0 and DEL, C1; then the Unicode characters that reorder or break displayed text: the
@@ -54,6 +55,20 @@ def width(text: str) -> int:
     terminal, which is what a table is aligned by: ``len`` counts a wide character as one
     column and a combining accent as one more."""
     return sum(_columns(ch) for ch in text)
+
+
+def as_written(text: str, stream: object = None) -> str:
+    """``text`` as ``stream`` (default: stdout) writes it: a character its encoding lacks
+    becomes what its error handler makes of it — a backslash escape (``\\u6ce8``, six
+    columns where the character takes two) by default (``cli._lenient_stdout``), ``?`` under
+    ``replace``. A table measures and pads this, so it stays aligned on such a terminal."""
+    stream = sys.stdout if stream is None else stream
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    errors = getattr(stream, "errors", None) or "strict"
+    try:
+        return text.encode(encoding, errors).decode(encoding, "replace")
+    except (UnicodeError, LookupError):  # 'strict' (the write would fail the same way), or no codec
+        return text
 
 
 def padded(text: str, columns: int, *, left: bool) -> str:

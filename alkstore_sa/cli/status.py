@@ -12,7 +12,7 @@ from dataclasses import asdict
 from .._gauges import read_gauges
 from ..model import QueueSettings, QueueStats, WorkerInfo
 from ._common import add_database_options, open_store
-from ._shown import padded, shown, width
+from ._shown import as_written, padded, shown, width
 from .queue import describe
 
 COLUMNS = ("queue", "pending", "ready", "processing", "dead", "oldest_ready_age")
@@ -91,9 +91,10 @@ def _print_workers(workers: list[WorkerInfo], *, as_json: bool) -> int:
 
 def _table(columns: tuple[str, ...], rows: list[list[str]], *, left: set[int]) -> None:
     """Print the columns' names and the rows, each cell shown escaped and padded to its
-    column's width: measured on the escaped text in terminal columns (a CJK character
-    takes two, a combining accent none), which is what the terminal shows."""
-    rows = [[shown(v) for v in row] for row in rows]
+    column's width: measured in terminal columns (a CJK character takes two, a combining
+    accent none) on the escaped text as stdout writes it (a character its encoding lacks
+    as a backslash escape), which is what the terminal shows."""
+    rows = [[as_written(shown(v)) for v in row] for row in rows]
     widths = [max(width(c), *(width(r[i]) for r in rows)) if rows else width(c) for i, c in enumerate(columns)]
     print("  ".join(padded(c, w, left=True) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:

@@ -220,3 +220,25 @@ def test_status_aligns_queue_and_worker_names_of_wide_and_combining_characters(c
     edge = columns_of(w_header[:w_header.index("concurrency") + len("concurrency")])
     at = next(i for i in range(len(w_row)) if columns_of(w_row[:i + 1]) == edge)
     assert w_row[at:at + 2] == "3 ", w_row
+
+
+def test_status_stays_aligned_on_a_terminal_whose_encoding_lacks_a_names_characters(cli: Cli) -> None:
+    """On an ASCII (or latin-1) terminal ``alkstore status`` writes a character the encoding
+    lacks as a backslash escape (``\\u6ce8``: six columns, not the two the character would
+    take): the cells are padded by what is written, so the counts of a row whose name has
+    such characters still end under their headings."""
+    s = cli.install()
+    names = ["emails", "注文の確認", "café", "cafe\u0301"]
+    for name in names:
+        s.queue(name).enqueue({"n": 1})
+    res = cli.run("status", env=cli.env(PYTHONIOENCODING="ascii"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.isascii()
+    header, *rows = res.stdout.rstrip("\n").split("\n\n")[0].splitlines()
+    assert [row.split()[0] for row in rows] == [
+        name.encode("ascii", "backslashreplace").decode() for name in sorted(names)
+    ]
+    for row in rows:
+        for heading, count in {"pending": "1", "ready": "1", "processing": "0", "dead": "0"}.items():
+            edge = header.index(heading) + len(heading)  # all ASCII: a character is a column
+            assert row[edge - 1:edge + 1] == f"{count} ", (row, heading)
