@@ -89,7 +89,7 @@ def sync_given_to_async(session: SessionLike, called: str, instead: str) -> Inva
     kind = type(session).__name__
     try:
         dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
-    except UnboundExecutionError:
+    except Exception:  # noqa: BLE001 - unbound, or a scoped_session outside its scope: only the advice depends on it
         dialect = None
     if dialect is not None and dialect.is_async:
         real = "AsyncConnection" if isinstance(session, Connection) else "AsyncSession"

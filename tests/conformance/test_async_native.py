@@ -610,3 +610,19 @@ def test_the_sync_facade_given_to_an_async_function_names_the_async_object(tmp_p
     with target.store() as store:
         assert store.queue("facade").stats().pending == store.queue("q").stats().pending == 0
     target.engine.dispose()
+
+
+def test_a_scoped_session_outside_its_scope_given_to_an_async_function_names_the_sync_one() -> None:
+    """Flask-SQLAlchemy's ``db.session`` outside an application context: its scope function
+    raises (RuntimeError 'Working outside of application context'). Given to an
+    ``a``-function it is still refused with InvalidOptions naming the sync function — the
+    check for an async session's synchronous facade asks for its bind only to choose the
+    advice, and must not raise the scope's error instead."""
+
+    def no_scope() -> object:
+        raise RuntimeError("Working outside of application context.")
+
+    session = scoped_session(sessionmaker(sa.create_engine("sqlite://")), scopefunc=no_scope)
+    for function, args in FUNCTIONS:
+        with pytest.raises(alk.InvalidOptions, match=rf"^alk\.a{function} got a scoped_session: use `alk\.{function}\(\.\.\.\)`"):
+            asyncio.run(getattr(alk, "a" + function)(session, *args))
