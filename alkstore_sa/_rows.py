@@ -9,7 +9,7 @@ from typing import Any
 
 from ._validate import decode_payload
 from .model import Job
-from .schema import JOB_FIELDS
+from .schema import JOB_FIELDS, UNREADABLE_HISTORY
 
 FIELD = {f: i for i, f in enumerate(JOB_FIELDS)}
 _I = FIELD
@@ -65,7 +65,7 @@ def _errors(text: str) -> list[dict[str, Any]]:
         ]
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         shown = text if len(text) <= UNREADABLE_SHOWN else text[:UNREADABLE_SHOWN] + "..."
-        return [{"attempt": None, "error": f"the stored error history is unreadable: {shown!r}", "at": None}]
+        return [{"attempt": None, "error": f"{UNREADABLE_HISTORY}{shown!r}", "at": None}]
 
 
 def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:

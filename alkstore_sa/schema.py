@@ -41,6 +41,12 @@ def _stamp_columns() -> list[sa.Column]:
     ]
 
 
+# The error history (``errors``) is a JSON array of ``{"attempt", "error", "at"}`` entries,
+# as text. One edited by hand into anything else reads as one entry whose error is this
+# phrase and what is stored; the next retry or fail keeps it as such an entry and appends.
+UNREADABLE_HISTORY = "the stored error history is unreadable: "
+
+
 # Live jobs: only ``pending`` and ``processing`` rows; ack and cancel delete.
 # Times are epoch seconds as double precision (microsecond resolution), so deadlines are
 # plain arithmetic on the job's own stamps (claim_expires_at = now + visibility_timeout).

@@ -111,7 +111,11 @@ class Core(abc.ABC):
     @abc.abstractmethod
     def append_error(self, errors: Any, attempts: Any) -> sa.ColumnElement[str]:
         """``errors`` (a JSON array as text) with ``{attempt, error, at}`` appended, built in
-        SQL so the entry's time is the operation's clock reading."""
+        SQL so the entry's time is the operation's clock reading. A stored history that is
+        not a JSON array (edited by hand) becomes one entry ``{attempt: null, error:
+        UNREADABLE_HISTORY + the text, at: null}`` before the append: parsing it as it was
+        failed the retry or fail that carried the outcome (the claim lapsed, the job went
+        dead only by reclaim exhaustion), or, on SQLite, dropped the new entry of an object."""
 
     def errors_after(self, src: Any) -> sa.ColumnElement[str]:
         """The history after an op that may carry an error (``:error`` NULL = nothing to add)."""

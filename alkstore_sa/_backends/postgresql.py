@@ -29,7 +29,27 @@ from .pg_wire import (
     reaches_server_directly,
 )
 from .queue_ops import Turn, split_turns
-from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, Executor, arg, bp
+from .sql import EXHAUSTED_SQL, EXPIRED_SQL, ONE, UNREADABLE_HISTORY_SQL, Executor, arg, bp
+
+# The error history is text (the column's type on both engines): one edited by hand may be
+# anything, and its jsonb cast raises on malformed text. PostgreSQL before 16 has no
+# IS JSON or pg_input_is_valid() to ask first, so the history is cast only when it matches
+# this pattern, which accepts only text the jsonb input takes: an array of scalars and of
+# objects of scalars (every history alkstore writes). Strings escape only what jsonb's
+# output escapes (no \u escape beyond ASCII, none of \u0000: an encoding or NUL error);
+# numbers have at most 21 digits either side of the point and a 3-digit exponent (numeric
+# overflows past 131072 and 16383 digits; any time a clock gives fits). Anything else
+# (deeper nesting too) is kept as an "unreadable" entry. Wider bounded repeats
+# ({0,200}) made the match ~15 times slower: each is a chain of states.
+_WS = r"[ \t\n\r]*"
+_STRING = r'"(?:[^"\\\u0001-\u001f]|\\["\\/bfnrt]|\\u00(?:0[1-9a-fA-F]|[1-7][0-9a-fA-F]))*"'
+_NUMBER = r"-?(?:0|[1-9][0-9]{0,20})(?:\.[0-9]{1,21})?(?:[eE][-+]?[0-9]{1,3})?"
+_SCALAR = rf"(?:{_STRING}|{_NUMBER}|true|false|null)"
+# a member or item is followed by a comma and another, or by the closing bracket
+_OBJECT = rf"\{{{_WS}(?:{_STRING}{_WS}:{_WS}{_SCALAR}{_WS}(?:,{_WS}(?!\}})|(?=\}})))*\}}"
+JSON_ARRAY_PATTERN = rf"\A{_WS}\[{_WS}(?:(?:{_SCALAR}|{_OBJECT}){_WS}(?:,{_WS}(?!\])|(?=\])))*\]{_WS}\Z"
+# an E'' literal: its backslashes mean the same whatever standard_conforming_strings says
+_JSON_ARRAY_SQL: sa.ColumnClause[Any] = sa.literal_column("E'" + JSON_ARRAY_PATTERN.replace("\\", "\\\\") + "'")
 
 # sqlstates: undefined_table, invalid_schema_name
 _MISSING = {"42P01", "3F000"}
@@ -216,8 +236,17 @@ class PostgresBackend(Backend):
             sa.literal_column("'error'"), sa.cast(bp("error", sa.Text), sa.Text),
             sa.literal_column("'at'"), self.now(),
         )
-        appended = sa.cast(errors, postgresql.JSONB).op("||")(sa.func.jsonb_build_array(entry))
-        return sa.cast(appended, sa.Text)
+        kept = sa.func.jsonb_build_array(
+            sa.func.jsonb_build_object(
+                sa.literal_column("'attempt'"), sa.null(),
+                sa.literal_column("'error'"), UNREADABLE_HISTORY_SQL.op("||")(errors),
+                sa.literal_column("'at'"), sa.null(),
+            )
+        )
+        # the cast is evaluated only for a history matching the pattern (CASE evaluates in
+        # order; a column reference is never folded at plan time)
+        history = sa.case((errors.op("~")(_JSON_ARRAY_SQL), sa.cast(errors, postgresql.JSONB)), else_=kept)
+        return sa.cast(history.op("||")(sa.func.jsonb_build_array(entry)), sa.Text)
 
     def prepare_connection(self, dbapi_conn: Any) -> Any:
         saved: tuple[Any, Any, str | None] = (dbapi_conn.autocommit, dbapi_conn.prepare_threshold, None)

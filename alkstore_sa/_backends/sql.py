@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from ..schema import JOB_FIELDS, dead_jobs, jobs
+from ..schema import JOB_FIELDS, UNREADABLE_HISTORY, dead_jobs, jobs
 
 # State values are inlined as literals (never bound): SQLite only uses a partial index
 # when the query's WHERE literally implies the index's WHERE.
@@ -29,6 +29,8 @@ NOTIFY_READERS = "__alkstore_notify_readers"
 NOTIFY_READERS_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{NOTIFY_READERS}'")
 EXHAUSTED_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{EXHAUSTED}'")
 EXPIRED_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{EXPIRED}'")
+UNREADABLE_HISTORY_SQL: sa.ColumnClause[Any] = sa.literal_column(f"'{UNREADABLE_HISTORY}'")
+ARRAY_SQL: sa.ColumnClause[Any] = sa.literal_column("'array'")
 
 
 def bp(name: str, type_: Any) -> sa.BindParameter[Any]:

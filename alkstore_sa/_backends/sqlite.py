@@ -28,7 +28,18 @@ from ..schema import (
 )
 from .base import Backend
 from .queue_ops import Turn, claim_in_turn
-from .sql import EXHAUSTED_SQL, EXPIRED_SQL, NOTIFY_READERS_SQL, ONE, PROCESSING, ZERO, Executor, bp
+from .sql import (
+    ARRAY_SQL,
+    EXHAUSTED_SQL,
+    EXPIRED_SQL,
+    NOTIFY_READERS_SQL,
+    ONE,
+    PROCESSING,
+    UNREADABLE_HISTORY_SQL,
+    ZERO,
+    Executor,
+    bp,
+)
 
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):
@@ -146,7 +157,18 @@ class SQLiteBackend(Backend):
             sa.literal_column("'error'"), bp("error", sa.Text),
             sa.literal_column("'at'"), self.now(),
         )
-        return sa.func.json_insert(errors, sa.literal_column("'$[#]'"), entry)
+        # json_type is asked only of valid JSON (it raises on malformed text; a CASE is
+        # evaluated in order); json_insert at '$[#]' leaves an object or scalar unchanged
+        is_array = sa.func.json_type(sa.case((sa.func.json_valid(errors) == ONE, errors))) == ARRAY_SQL
+        kept = sa.func.json_array(
+            sa.func.json_object(
+                sa.literal_column("'attempt'"), sa.null(),
+                sa.literal_column("'error'"), UNREADABLE_HISTORY_SQL.op("||")(errors),
+                sa.literal_column("'at'"), sa.null(),
+            )
+        )
+        history = sa.case((is_array, errors), else_=kept)
+        return sa.func.json_insert(history, sa.literal_column("'$[#]'"), entry)
 
     def prepare_connection(self, dbapi_conn: Any) -> Any:
         saved = dbapi_conn.isolation_level, dbapi_conn.text_factory

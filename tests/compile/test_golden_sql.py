@@ -33,6 +33,8 @@ import sqlalchemy as sa
 import alkstore_sa as alk
 from alkstore_sa import queue as queue_mod
 from alkstore_sa import tracing
+from alkstore_sa._backends.postgresql import JSON_ARRAY_PATTERN
+from alkstore_sa.schema import UNREADABLE_HISTORY
 from tests.every_op import run_every_operation
 from tests.support import FakeClock, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
 
@@ -295,18 +297,23 @@ LITERALS = {
     "epoch", "$[#]", "attempt", "error", "at",  # clock and error-history plumbing
     "$[0]", "$[1]",  # SQLite's traced enqueue_many: [payload, trace context] pairs
     "",  # the (empty) payload of a queue wake
+    # the guard of the error history's append: a stored history that is not a JSON array
+    UNREADABLE_HISTORY, "array", JSON_ARRAY_PATTERN.replace("\\", "\\\\"),
 }
+# a string literal of the SQL text (no marker can be inside one)
+_LITERAL = re.compile(r"'(?:[^']|'')*'")
 
 
 def test_string_literals_are_library_constants(compiled: Compiled) -> None:
     for key, sql in compiled.sql.items():
-        found = {m.replace("''", "'") for m in re.findall(r"'((?:[^']|'')*)'", sql)}
+        found = {m[1:-1].replace("''", "'") for m in _LITERAL.findall(sql)}
         assert found <= LITERALS, f"{key}: unexpected literals {found - LITERALS}"
 
 
 def test_only_named_parameters_of_the_driver_paramstyle(compiled: Compiled) -> None:
     # the executor passes a dict: positional markers would be silently unfillable
     for key, sql in compiled.sql.items():
+        sql = _LITERAL.sub("''", sql)
         assert "?" not in sql and not re.search(r"\$\d", sql), key
         if compiled.kind == "sqlite":
             assert "%(" not in sql, key
@@ -455,6 +462,23 @@ def test_pg_claim_of_turns_is_one_fenced_skip_locked_statement(pg_compiled: Comp
     # psycopg's 4 KiB parse cache (see the single claim): kept for schema names up to ~45 bytes
     if len(compiled.schema) <= 45:
         assert len(compiled.raw["claim:turns"]) <= 4096, len(compiled.raw["claim:turns"])
+
+
+def test_the_error_history_is_appended_to_only_when_it_is_a_json_array(compiled: Compiled) -> None:
+    """A stored history edited by hand into something else is kept as one "unreadable"
+    entry before the append, in the statement: parsing it made the retry or fail fail
+    (tests/conformance/test_tasks_worker.py runs it). PostgreSQL before 16 cannot ask
+    whether text is JSON, so it casts only what matches a pattern of text jsonb accepts,
+    written as an E'' literal (its meaning independent of standard_conforming_strings)."""
+    for key in ("retry", "bury"):
+        sql = compiled.raw[key]
+        assert f"'{UNREADABLE_HISTORY}'" in sql, key
+        if compiled.kind == "postgresql":
+            guard = "OPERATOR(pg_catalog.~) E'" + JSON_ARRAY_PATTERN.replace("\\", "\\\\") + "'"
+            assert guard in sql, key
+            assert len(sql) <= 4096, (key, len(sql))  # psycopg's parse cache (the single claim)
+        else:
+            assert "json_type(CASE WHEN (json_valid(" in norm(sql), key
 
 
 def test_pg_moves_are_single_statements(pg_compiled: Compiled) -> None:

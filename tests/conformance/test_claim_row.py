@@ -100,3 +100,32 @@ def test_a_job_whose_error_history_was_spoiled_by_hand_is_claimed_and_read(
     assert stored is not None and stored.errors == [entry]
     assert handles[plain].job.errors == []
     assert all(h.ack() for h in handles.values())
+
+
+READABLE_HISTORIES = [
+    "[ ]",
+    '[{"at":2,"error":"by hand","attempt":3}]\n',
+    '[{"attempt": 1, "error": "a \\"quoted\\"\\nline \\u001f \\/ é € 😀", "at": 1765134000.123456}]',
+    '[{"attempt": 1, "error": "e", "at": 1e20}, {"attempt": 2, "error": "", "at": -0.5E-3}]',
+]
+
+
+@pytest.mark.parametrize("history", READABLE_HISTORIES)
+def test_a_hand_written_error_history_that_is_a_list_of_entries_is_appended_to(
+    db: Target, store: alk.Store, qname: str, clock: FakeClock, history: str
+) -> None:
+    """The retry and fail of a job whose stored history is not a JSON array keep what is
+    stored as an "unreadable" entry (test_tasks_worker.py); one written by hand that is an
+    array of entries, spaced and escaped any way JSON allows, is appended to as it is."""
+    q = store.queue(qname)
+    retried, failed = q.enqueue({"a": 1}), q.enqueue({"b": 2})
+    for job_id in (retried, failed):
+        db.execute(f"UPDATE {db.table('alkstore_jobs')} SET errors = :e WHERE id = :i", e=history, i=job_id)
+    before = q.get_job(retried)
+    assert before is not None and all(e["attempt"] is not None for e in before.errors), before.errors
+    handles = {h.id: h for h in q.claim_batch("w", 2)}
+    assert handles[retried].retry("again", delay=5) and handles[failed].fail("no")
+    at = datetime.fromtimestamp(clock.now, timezone.utc)
+    for job_id, error in [(retried, "again"), (failed, "no")]:
+        job = q.get_job(job_id)
+        assert job is not None and job.errors == [*before.errors, {"attempt": 1, "error": error, "at": at}], job

@@ -473,6 +473,56 @@ def test_a_job_whose_error_history_was_spoiled_by_hand_runs_and_the_worker_runs_
     assert q.stats() == alk.QueueStats(0, 0, 0, 0, None)
 
 
+NOT_LISTS = ["not json", '{"attempt": 1}', '"a string"', "[1, 2", ""]
+
+
+@pytest.mark.parametrize("history", NOT_LISTS)
+def test_a_job_whose_error_history_is_not_a_list_has_its_retry_and_its_death_recorded(
+    db: Target, store: alk.Store, qname: str, clock: FakeClock, history: str
+) -> None:
+    """Retry and fail append to the stored error history in SQL. One edited by hand into
+    something that is not a JSON list made that statement fail (SQLite's ``json_insert``
+    on malformed text, PostgreSQL's ``jsonb`` cast; an object took no entry on SQLite): the
+    outcome was not recorded, the claim lapsed, and the job died only by reclaim
+    exhaustion, visibility timeouts later. The outcome is recorded; the history that was
+    stored is kept, as the first entry, saying it was unreadable."""
+    q = store.queue(qname, backoff_base=10, max_attempts=2)
+    retried, failed = q.enqueue({"do": "raise"}), q.enqueue({"do": "fail"})
+    for job_id in (retried, failed):
+        db.execute(f"UPDATE {db.table('alkstore_jobs')} SET errors = :e WHERE id = :i", e=history, i=job_id)
+
+    def handler(job: alk.Job) -> None:
+        if job.payload["do"] == "fail":
+            raise alk.Fail("no such user")
+        raise RuntimeError(f"boom {job.attempts}")
+
+    first = clock.now
+    alk.Worker(store, qname, handler, concurrency=2, poll_interval=0.2).run(burst=True)
+    kept = {"attempt": None, "error": f"the stored error history is unreadable: {history}", "at": None}
+    job = q.get_job(retried)
+    assert job is not None and job.state == "pending" and job.attempts == 1, job
+    assert job.run_at.timestamp() - first in {5.0, 6.0, 7.0, 8.0, 9.0, 10.0}, job.run_at
+    assert job.errors == [kept, {"attempt": 1, "error": "boom 1", "at": _at(first)}]
+    dead = q.get_job(failed)
+    assert dead is not None and dead.state == "dead" and dead.last_error == "no such user", dead
+    assert dead.errors == [kept, {"attempt": 1, "error": "no such user", "at": _at(first)}]
+
+    clock.advance(10)  # the retry is due: its last attempt buries it
+    alk.Worker(store, qname, handler, concurrency=2, poll_interval=0.2).run(burst=True)
+    job = q.get_job(retried)
+    assert job is not None and job.state == "dead" and job.last_error == "max attempts exceeded", job
+    assert job.errors == [
+        kept,
+        {"attempt": 1, "error": "boom 1", "at": _at(first)},
+        {"attempt": 2, "error": "boom 2", "at": _at(first + 10)},
+    ]
+    assert q.stats() == alk.QueueStats(0, 0, 0, 2, None)
+
+
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, timezone.utc)
+
+
 def _nested(depth: int) -> Any:
     value: Any = 0
     for _ in range(depth):
