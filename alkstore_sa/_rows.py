@@ -20,6 +20,7 @@ _UTC = timezone.utc
 _fromtimestamp = datetime.fromtimestamp
 NO_PAYLOAD: Any = object()  # "not decoded yet"
 UNREADABLE_SHOWN = 200  # characters of an unreadable stored error history quoted in its entry
+UNREADABLE_ENTRY = "the stored error history entry is unreadable: "
 
 
 _FIRST = datetime.min.replace(tzinfo=_UTC)
@@ -55,17 +56,34 @@ def _errors(text: str) -> list[dict[str, Any]]:
     """A job's stored error history as entries. The column is text: one written or edited
     by hand may hold anything, and a read that raised on it failed every reader of the job —
     a worker's claim loop among them (its run() ended, the batch's claims lapsed, at every
-    reclaim). Such a history reads as one entry saying so, quoting what is stored."""
+    reclaim). A history that is not a JSON array reads as one entry saying so, quoting what
+    is stored; in an array, each entry reads on its own (retry and fail append to an array
+    as it is: one spoiled entry must not hide the entries written after it)."""
     if text == "[]":
         return []
     try:
-        return [
-            {"attempt": e["attempt"], "error": e["error"], "at": ts(e["at"])}
-            for e in json.loads(text)
-        ]
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
-        shown = text if len(text) <= UNREADABLE_SHOWN else text[:UNREADABLE_SHOWN] + "..."
-        return [{"attempt": None, "error": f"{UNREADABLE_HISTORY}{shown!r}", "at": None}]
+        entries = json.loads(text)
+    except (ValueError, RecursionError):
+        entries = None
+    if not isinstance(entries, list):
+        return [_unreadable(UNREADABLE_HISTORY, text)]
+    return [_entry(e) for e in entries]
+
+
+def _entry(e: Any) -> dict[str, Any]:
+    try:
+        return {"attempt": e["attempt"], "error": e["error"], "at": ts(e["at"])}
+    except (TypeError, KeyError, IndexError, ValueError):
+        try:
+            shown = json.dumps(e, ensure_ascii=False)
+        except (ValueError, RecursionError):
+            shown = "..."
+        return _unreadable(UNREADABLE_ENTRY, shown)
+
+
+def _unreadable(phrase: str, text: str) -> dict[str, Any]:
+    shown = text if len(text) <= UNREADABLE_SHOWN else text[:UNREADABLE_SHOWN] + "..."
+    return {"attempt": None, "error": f"{phrase}{shown!r}", "at": None}
 
 
 def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:

@@ -3,6 +3,7 @@ the call does not already hold and fills in the rest (queue, worker, clock, dead
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pytest
@@ -87,17 +88,22 @@ def test_a_job_whose_error_history_was_spoiled_by_hand_is_claimed_and_read(
     """The error history is a text column of JSON entries. One written by hand as anything
     else made building the claimed job raise (JSONDecodeError, KeyError, TypeError), and so
     did every read of it (``get_job``, the dead letters, the dashboard). It reads as one
-    entry saying the stored history is unreadable, quoting it."""
+    entry saying the stored history is unreadable, quoting it; in an array, each spoiled
+    entry reads so, quoting the entry."""
     q = store.queue(qname)
     odd, plain = q.enqueue({"a": 1}), q.enqueue({"b": 2})
     db.execute(f"UPDATE {db.table('alkstore_jobs')} SET errors = :e WHERE id = :id", e=history, id=odd)
     handles = {h.id: h for h in q.claim_batch("w", 2)}
     assert set(handles) == {odd, plain}
-    (entry,) = handles[odd].job.errors
-    assert entry["attempt"] is None and entry["at"] is None, entry
-    assert "unreadable" in entry["error"] and repr(history) in entry["error"], entry
+    entries = handles[odd].job.errors
+    if history.startswith("["):  # an array: each entry reads on its own
+        said = [f"the stored error history entry is unreadable: {json.dumps(e)!r}" for e in json.loads(history)]
+    else:
+        said = [f"the stored error history is unreadable: {history!r}"]
+    assert [e["error"] for e in entries] == said, entries
+    assert all(e["attempt"] is None and e["at"] is None for e in entries), entries
     stored = q.get_job(odd)
-    assert stored is not None and stored.errors == [entry]
+    assert stored is not None and stored.errors == entries
     assert handles[plain].job.errors == []
     assert all(h.ack() for h in handles.values())
 
@@ -129,3 +135,35 @@ def test_a_hand_written_error_history_that_is_a_list_of_entries_is_appended_to(
     for job_id, error in [(retried, "again"), (failed, "no")]:
         job = q.get_job(job_id)
         assert job is not None and job.errors == [*before.errors, {"attempt": 1, "error": error, "at": at}], job
+
+
+@pytest.mark.parametrize(
+    ("history", "readable"),
+    [
+        ("[1, 2]", [False, False]),
+        ('[{"attempt": 1, "error": "e", "at": "soon"}]', [False]),
+        ('[{"attempt": 1, "error": "kept", "at": 1.5}, {"attempt": 2}, null]', [True, False, False]),
+    ],
+)
+def test_a_retry_of_a_job_whose_error_history_has_entries_spoiled_by_hand_reads_after_them(
+    db: Target, store: alk.Store, qname: str, clock: FakeClock, history: str, readable: list[bool]
+) -> None:
+    """A history that is a JSON array is appended to as it is, spoiled entries and all.
+    It read as one "unreadable" entry quoting its first 200 characters, so the entries
+    every later retry and fail added (and the good ones before) were lost in that quote.
+    Each entry reads on its own: a spoiled one as an "unreadable" entry quoting it."""
+    q = store.queue(qname)
+    job_id = q.enqueue({"a": 1})
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET errors = :e WHERE id = :i", e=history, i=job_id)
+    (handle,) = q.claim_batch("w", 1)
+    assert handle.retry("again", delay=5)
+    job = q.get_job(job_id)
+    assert job is not None
+    *old, new = job.errors
+    assert new == {"attempt": 1, "error": "again", "at": datetime.fromtimestamp(clock.now, timezone.utc)}
+    assert [e["attempt"] is not None for e in old] == readable, old
+    for entry, ok in zip(old, readable, strict=True):
+        if ok:
+            assert entry == {"attempt": 1, "error": "kept", "at": datetime.fromtimestamp(1.5, timezone.utc)}
+        else:
+            assert entry["at"] is None and entry["error"].startswith("the stored error history"), entry
