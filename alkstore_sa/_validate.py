@@ -200,10 +200,26 @@ def aware_datetime(value: object, what: str) -> float:
     return seconds
 
 
+# The most of an error text stored (``retry``/``fail``: its history entry, ``last_error``).
+# PostgreSQL holds no JSON string past 256 MiB, nor a history past 256 MiB in all: a retry
+# or fail carrying one failed in SQL and its outcome was lost (the claim lapsed). At most
+# 400 KB an entry (UTF-8), a history reaches that only past 600 attempts.
+MAX_STORED_ERROR = 100_000
+
+
+def cut_text(text: str, most: int) -> str:
+    """``text`` up to ``most`` characters, saying how many more there were."""
+    if len(text) > most:
+        return f"{text[:most]}… [{len(text) - most} more characters]"
+    return text
+
+
 def error_text(value: object, what: str = "error") -> str:
-    """An error string as stored: NUL and lone surrogates become U+FFFD (databases refuse them)."""
+    """An error string as stored: cut at MAX_STORED_ERROR characters; NUL and lone
+    surrogates become U+FFFD (databases refuse them)."""
     if not isinstance(value, str):
         raise InvalidOptions(f"{what} must be a str, got {type(value).__name__}")
+    value = cut_text(value, MAX_STORED_ERROR)
     if "\x00" in value:
         value = value.replace("\x00", "\ufffd")
     if not _utf8_clean(value):

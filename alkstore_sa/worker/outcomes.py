@@ -51,9 +51,7 @@ def text_of(value: object) -> str:
         if isinstance(rendered, str):
             text = rendered
             break
-    if len(text) > MAX_ERROR_TEXT:
-        return f"{text[:MAX_ERROR_TEXT]}… [{len(text) - MAX_ERROR_TEXT} more characters]"
-    return text
+    return v.cut_text(text, MAX_ERROR_TEXT)
 
 
 def _message(value: object) -> str | None:

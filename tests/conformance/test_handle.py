@@ -185,6 +185,23 @@ def test_error_text_with_nul_is_stored(store: alk.Store, qname: str) -> None:
     assert job is not None and job.last_error == "bad\ufffdbyte"
 
 
+@pytest.mark.parametrize("op", ["retry", "fail"])
+def test_an_error_text_past_the_most_a_history_entry_holds_is_stored_cut(store: alk.Store, qname: str, op: str) -> None:
+    """PostgreSQL holds no JSON string past 256 MiB, nor an error history past 256 MiB in
+    all: a retry or fail carrying such a text (``Fail(response_body)``) failed in SQL
+    (ProgramLimitExceeded), so the outcome was lost — the claim lapsed. Error text is
+    stored as given up to 100,000 characters; past that it is cut, saying how many more
+    there were (NUL and lone surrogates in what is kept become U+FFFD, as before)."""
+    q, h = _claimed(store, qname)
+    kept = "\U0001f642\x00\ud800" + "é" * 99_997
+    assert getattr(h, op)(kept + "tail") is True
+    job = q.get_job(h.id)
+    expected = "\U0001f642\ufffd\ufffd" + "é" * 99_997 + "… [4 more characters]"
+    assert job is not None and [e["error"] for e in job.errors] == [expected]
+    if op == "fail":
+        assert job.last_error == expected
+
+
 def test_handle_ops_on_database_clock(dbstore: alk.Store, qname: str) -> None:
     q = dbstore.queue(qname, visibility_timeout=60)
     q.enqueue_many([1, 2])

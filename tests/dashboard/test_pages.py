@@ -511,13 +511,14 @@ def test_a_payload_whose_indented_form_is_huge_is_shown_compact(dash, store: alk
 
 
 def test_dead_lists_cut_long_errors(dash, store: alk.Store, qname: str) -> None:
-    """``fail(error)`` stores an error of any length (a worker cuts a handler's at 10,000
-    characters; code that claims jobs itself may keep a whole response body): the dead
-    letter lists show the start of each, as they do of payloads, and the job page all of it."""
+    """``fail(error)`` stores an error of up to 100,000 characters (a worker cuts a
+    handler's at 10,000; code that claims jobs itself may keep a whole response body): the
+    dead letter lists show the start of each, as they do of payloads, and the job page all
+    of it."""
     q = store.queue(qname)
     job_id = q.enqueue(1)
     h = q.claim_one("w")
-    error = "E" * 200 + "x" * 200_000
+    error = "E" * 200 + "x" * 99_800
     assert h is not None and h.fail(error)
     for path in ("/dead", f"/queues/{qname}?state=dead", f"/dead?queue={qname}"):
         r = dash.get(path)
