@@ -71,14 +71,22 @@ def _errors(text: str) -> list[dict[str, Any]]:
 
 
 def _entry(e: Any) -> dict[str, Any]:
+    """One entry of a history that is an array: as written (``attempt`` an int, ``error`` a
+    str, ``at`` a number; the first and last null in an entry keeping an unreadable
+    history), or else an entry saying it is unreadable, quoting it."""
+    if isinstance(e, dict) and e.keys() >= {"attempt", "error", "at"}:
+        attempt, error, at = e["attempt"], e["error"], e["at"]
+        if (
+            isinstance(error, str)
+            and (attempt is None or type(attempt) is int)
+            and (at is None or type(at) in (int, float))
+        ):
+            return {"attempt": attempt, "error": error, "at": ts(at)}
     try:
-        return {"attempt": e["attempt"], "error": e["error"], "at": ts(e["at"])}
-    except (TypeError, KeyError, IndexError, ValueError):
-        try:
-            shown = json.dumps(e, ensure_ascii=False)
-        except (ValueError, RecursionError):
-            shown = "..."
-        return _unreadable(UNREADABLE_ENTRY, shown)
+        shown = json.dumps(e, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        shown = "..."
+    return _unreadable(UNREADABLE_ENTRY, shown)
 
 
 def _unreadable(phrase: str, text: str) -> dict[str, Any]:

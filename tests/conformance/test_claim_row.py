@@ -143,6 +143,9 @@ def test_a_hand_written_error_history_that_is_a_list_of_entries_is_appended_to(
         ("[1, 2]", [False, False]),
         ('[{"attempt": 1, "error": "e", "at": "soon"}]', [False]),
         ('[{"attempt": 1, "error": "kept", "at": 1.5}, {"attempt": 2}, null]', [True, False, False]),
+        # Job.errors promises {"attempt": int, "error": str, "at": datetime}
+        ('[{"attempt": 1, "error": 5, "at": 1.5}, {"attempt": "1", "error": "e", "at": 1.5}]', [False, False]),
+        ('[{"attempt": true, "error": "e", "at": 1.5}, {"attempt": 1, "error": "e", "at": false}]', [False, False]),
     ],
 )
 def test_a_retry_of_a_job_whose_error_history_has_entries_spoiled_by_hand_reads_after_them(
