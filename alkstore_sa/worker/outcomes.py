@@ -156,11 +156,32 @@ async def aoutcome_of(work: Work) -> Outcome:
     return ACK
 
 
+_UNREADABLE: Any = object()  # "reading the attribute raised"
+
+
+def _attribute(exc: BaseException, name: str) -> Any:
+    """``exc.name`` (None when it has none), or _UNREADABLE when reading it raises: a
+    subclass may make it a property, and one that raised here lost the outcome (the
+    claim lapsed with nothing recorded)."""
+    try:
+        return getattr(exc, name, None)
+    except Exception:  # noqa: BLE001 - a broken attribute must not lose the outcome
+        return _UNREADABLE
+
+
+def _said(exc: BaseException, name: str) -> str | None:
+    """What a ``Fail``'s message or a ``Retry``'s error records: the attribute's text, or
+    the exception's own when the attribute cannot be read."""
+    value = _attribute(exc, name)
+    return (text_of(exc) or type(exc).__name__) if value is _UNREADABLE else _message(value)
+
+
 def _raised(work: Work, exc: BaseException) -> Outcome:
     if isinstance(exc, Fail):  # attributes read defensively: a subclass may set its own
-        return Outcome("fail", _message(getattr(exc, "message", None)))
+        return Outcome("fail", _said(exc, "message"))
     if isinstance(exc, Retry):
-        return Outcome("retry", _message(getattr(exc, "error", None)), getattr(exc, "delay", None))
+        delay = _attribute(exc, "delay")  # unreadable: the backoff curve
+        return Outcome("retry", _said(exc, "error"), None if delay is _UNREADABLE else delay)
     job = work.job
     text = text_of(exc)  # once, never raising: a broken __str__ must not lose the outcome
     log.warning(

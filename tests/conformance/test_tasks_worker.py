@@ -793,6 +793,43 @@ class _Coded(alk.Fail):
         self.message = code  # type: ignore[assignment]
 
 
+class _MessageRaises(alk.Fail):
+    """A Fail subclass whose message is a property that raises (computed from a response
+    that is not there, say): its text is read from the exception instead."""
+
+    @property  # type: ignore[override]
+    def message(self) -> str:
+        raise RuntimeError("no message")
+
+    @message.setter
+    def message(self, value: object) -> None:
+        pass
+
+
+class _ErrorRaises(alk.Retry):
+    """A Retry subclass whose error is a property that raises."""
+
+    @property  # type: ignore[override]
+    def error(self) -> str:
+        raise RuntimeError("no error")
+
+    @error.setter
+    def error(self, value: object) -> None:
+        pass
+
+
+class _DelayRaises(alk.Retry):
+    """A Retry subclass whose delay is a property that raises: the backoff curve."""
+
+    @property  # type: ignore[override]
+    def delay(self) -> float:
+        raise RuntimeError("no delay")
+
+    @delay.setter
+    def delay(self, value: object) -> None:
+        pass
+
+
 def _zero_division() -> ZeroDivisionError:
     try:
         1 / 0  # noqa: B018 - the real exception, as `except ... as e: raise alk.Fail(e)` sees it
@@ -807,6 +844,8 @@ FAILS: dict[str, tuple[Callable[[], BaseException], str]] = {
     "int": (lambda: alk.Fail(5), "5"),
     "none": (lambda: alk.Fail(None), "failed"),
     "subclass-int": (lambda: _Coded(404), "404"),
+    # reading the attribute raised inside the worker: the claim lapsed, nothing recorded
+    "subclass-message-raises": (lambda: _MessageRaises("no such user"), "no such user"),
 }
 
 
@@ -848,8 +887,9 @@ def _raise_each_kind(
 def test_fail_records_the_text_of_any_message(store: alk.Store, qname: str) -> None:
     """``Fail(msg)`` → ``fail(msg)`` whatever ``msg`` is: an exception object (``raise
     alk.Fail(exc)``), a number, a subclass's own attribute — its text is the last error
-    (None: "failed"). A non-str was refused by ``fail()`` inside the worker, and the job
-    stayed processing until its claim lapsed, ending dead with no error recorded."""
+    (None: "failed"), or the exception's own when reading the message raises. A non-str
+    was refused by ``fail()`` inside the worker, and the job stayed processing until its
+    claim lapsed, ending dead with no error recorded."""
     ids = _raise_each_kind(store, qname, FAILS, lambda kind: FAILS[kind][0]())
     for (name, kind), job_id in ids.items():
         expected = FAILS[kind][1]
@@ -864,12 +904,16 @@ RETRIES: dict[str, tuple[Callable[[], BaseException], str, float | None]] = {
     "error-exception": (lambda: alk.Retry(delay=2, error=KeyError("k")), "'k'", 2.0),
     "error-none": (lambda: alk.Retry(delay=3, error=None), "retry requested", 3.0),
     "timedelta": (lambda: alk.Retry(delay=timedelta(seconds=4), error="later"), "later", 4.0),
+    # reading the attribute raised inside the worker: the claim lapsed, nothing recorded
+    "subclass-error-raises": (lambda: _ErrorRaises(delay=5, error="upstream busy"), "upstream busy", 5.0),
+    "subclass-delay-raises": (lambda: _DelayRaises(delay=6, error="later"), "later", None),
 }
 
 
 def test_retry_records_the_text_of_any_error(store: alk.Store, qname: str, clock: FakeClock) -> None:
     """``Retry(delay, error)`` → ``retry(error, delay)``, ``error`` recorded as text whatever
-    it is (``Retry(error=404)`` was refused inside the worker and the job left to lapse)."""
+    it is (``Retry(error=404)`` was refused inside the worker and the job left to lapse);
+    an attribute that cannot be read is the exception's text, or the backoff curve."""
     ids = _raise_each_kind(store, qname, RETRIES, lambda kind: RETRIES[kind][0]())
     now = clock()
     for (name, kind), job_id in ids.items():
@@ -877,7 +921,10 @@ def test_retry_records_the_text_of_any_error(store: alk.Store, qname: str, clock
         job = _job(store, qname, job_id)
         assert job is not None and job.state == "pending" and job.attempts == 1, (name, kind, job)
         assert [e["error"] for e in job.errors] == [expected], (name, kind, job.errors)
-        assert job.run_at.timestamp() == now + delay, (name, kind)
+        if delay is None:  # the curve (backoff_base 5)
+            assert 3 <= job.run_at.timestamp() - now <= 5, (name, kind)
+        else:
+            assert job.run_at.timestamp() == now + delay, (name, kind)
 
 
 @pytest.mark.parametrize(
