@@ -393,10 +393,20 @@ class Lease:
             return self._again(exc, sql, params, fetch=False)  # type: ignore[no-any-return]
 
     def _again(self, exc: Exception, sql: str, params: Mapping[str, Any], *, fetch: bool) -> Any:
-        """Run the statement once more on a fresh connection if this operation allows it
-        and ``exc`` was a disconnect; else raise ``exc`` as an alkstore error."""
+        """Run the statement again once the lock ``exc`` said was taken is free (a statement
+        outside a transaction, where the store waits for locks itself: SQLite in WAL mode);
+        or once more on a fresh connection if this operation allows it and ``exc`` was a
+        disconnect; else raise ``exc`` as an alkstore error."""
         held, backend = self._held, self._cache.backend
         assert held is not None
+        if not self._in_tx and backend.waits_for_lock(exc, held.dbapi):
+            run = held.execute
+            try:
+                if fetch:
+                    return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).fetchall(), exc)
+                return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).rowcount, exc)
+            except Exception as again:
+                raise backend.translate_error(again) from again
         if not self._retry or self._in_tx or not backend.is_disconnect(exc, held.dbapi):
             raise backend.translate_error(exc) from exc
         self._retry = False  # once per operation

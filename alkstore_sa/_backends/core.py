@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
@@ -20,6 +20,8 @@ from sqlalchemy.engine import Dialect
 from ..errors import DatabaseError, InvalidOptions, NotInstalled, SchemaOutdated, install_advice
 from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, jobs
 from .sql import PROCESSING, Executor, bp
+
+T = TypeVar("T")
 
 
 class Core(abc.ABC):
@@ -159,6 +161,19 @@ class Core(abc.ABC):
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         """Whether ``exc`` (raised using ``dbapi_conn``) means the connection is gone."""
         return False
+
+    def waits_for_lock(self, exc: BaseException, dbapi_conn: Any) -> bool:
+        """Whether ``exc``, raised by a statement outside any transaction on one of the
+        store's own connections, says a lock it needs is taken, and the store (not the
+        driver) waits for it there: ``wait_for_lock`` runs the statement again. (SQLite in
+        WAL mode: see _sqlite.wait_for_lock.)"""
+        return False
+
+    def wait_for_lock(self, dbapi_conn: Any, attempt: Callable[[], T], busy: BaseException) -> T:
+        """``attempt()``'s result (a statement on ``dbapi_conn``) once the lock ``busy``
+        said was taken is free (see ``waits_for_lock``); the last such error if it stays
+        taken too long."""
+        raise busy
 
     def alive_check(self, dbapi_conn: Any) -> Callable[[], bool] | None:
         """A check, costing no round trip, that an idle connection of the store was not

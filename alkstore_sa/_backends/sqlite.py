@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
@@ -40,6 +40,8 @@ from .sql import (
     Executor,
     bp,
 )
+
+T = TypeVar("T")
 
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):
@@ -171,13 +173,31 @@ class SQLiteBackend(Backend):
         return sa.func.json_insert(history, sa.literal_column("'$[#]'"), entry)
 
     def prepare_connection(self, dbapi_conn: Any) -> Any:
-        saved = dbapi_conn.isolation_level, dbapi_conn.text_factory
+        # the write lock is waited for by the store (_sqlite.wait_for_lock), not by
+        # SQLite's busy handler, which lets a process that writes in a loop starve the others
+        saved = dbapi_conn.isolation_level, dbapi_conn.text_factory, _sqlite.wait_here(dbapi_conn)
         dbapi_conn.isolation_level = None  # autocommit: the store issues BEGIN IMMEDIATE itself
         dbapi_conn.text_factory = _lenient_text
         return saved
 
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
-        dbapi_conn.isolation_level, dbapi_conn.text_factory = saved
+        dbapi_conn.isolation_level, dbapi_conn.text_factory, timeout = saved
+        if timeout is not None:
+            _sqlite.wait_there(dbapi_conn, timeout)
+
+    def begin(self, dbapi_conn: Any) -> None:
+        try:
+            dbapi_conn.execute(self.BEGIN)
+        except sqlite3.OperationalError as exc:
+            if not _sqlite.waits_here(exc, dbapi_conn):
+                raise
+            _sqlite.wait_for_lock(dbapi_conn, lambda: dbapi_conn.execute(self.BEGIN), exc)
+
+    def waits_for_lock(self, exc: BaseException, dbapi_conn: Any) -> bool:
+        return _sqlite.waits_here(exc, dbapi_conn)
+
+    def wait_for_lock(self, dbapi_conn: Any, attempt: Callable[[], T], busy: BaseException) -> T:
+        return _sqlite.wait_for_lock(dbapi_conn, attempt, busy)
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         # a file database cannot be cut off; only a closed connection is gone

@@ -96,10 +96,6 @@ def test_claim_batch_never_returns_more_than_n(fresh: Target, tmp_path) -> None:
             "max_seconds": 90,
             "ready_dir": ready,
             "parties": 4,
-            # SQLite's writer lock is not fair: a claimer waiting for it sleeps and retries
-            # while one that loops takes it again at once; a pause between claims lets the
-            # waiters in (without it one claimer sometimes drained the table alone)
-            "pace": 0.002,
         }
         for i in range(4)
     ]

@@ -158,8 +158,31 @@ def claim_sizes(spec: dict[str, Any]) -> dict[str, Any]:
             calls.append([n, len(handles)])
             ids.extend(h.id for h in handles)
             empty = empty + 1 if not handles else 0
-            time.sleep(spec.get("pace", 0.0))
         return {"calls": calls, "ids": ids}
+    finally:
+        store.close()
+
+
+# -- 2c. claimers in tight loops share the queue ---------------------------------------------
+
+
+def tight_claims(spec: dict[str, Any]) -> dict[str, Any]:
+    """``claim_batch(n)`` + ``ack_batch`` back to back, no pause, until a claim comes back
+    empty; report how many jobs this process took and its claim calls."""
+    store = open_store(spec)
+    try:
+        q = store.queue(spec["queue"])
+        q.stats()  # connected, schema checked: ready to claim
+        meet_when_ready(spec)
+        deadline = time.monotonic() + spec["max_seconds"]
+        taken, calls = 0, 0
+        while time.monotonic() < deadline:
+            handles = q.claim_batch(spec["worker_id"], spec["n"])
+            calls += 1
+            if not handles:
+                break
+            taken += q.ack_batch(handles)
+        return {"taken": taken, "calls": calls}
     finally:
         store.close()
 
