@@ -43,7 +43,15 @@ class LimitView:
     recent: int  # jobs handed out within the last rate_per seconds (when rate_limit is set)
     oldest_recent: float | None  # the earliest of those claim times
     log_total: int  # the rate log's running total so far (the next claim's log row continues it)
+    log_newest_at: float | None  # the time of the log's newest claim (when rate_limit is set)
     now: float
+
+    @property
+    def log_ahead(self) -> float:
+        """Seconds by which the rate log's newest claim is later than ``now`` (0 normally):
+        the clock stepped back since it was logged (an NTP correction). The claim that sees
+        it moves the log back by that much (``claim_limited``)."""
+        return 0.0 if self.log_newest_at is None else max(self.log_newest_at - self.now, 0.0)
 
     def room(self, n: int) -> int:
         """How many of ``n`` wanted jobs a claim may hand out now."""
@@ -175,7 +183,9 @@ def limit_wait(store: Store, queue: str) -> tuple[float | None, bool] | None:
     if view is None:
         store._limited_queues.discard(queue)
         return None
-    if view.room(1) > 0:
+    if view.room(1) > 0 or view.log_ahead > 0:
+        # a log ahead of the clock (it stepped back) says nothing yet: the next claim
+        # moves it back by the step and decides
         return None
     return view.blocked_for(), view.concurrency_full
 

@@ -110,6 +110,10 @@ class SettingsOps(Core):
             mine = c.c.queue == s.c.queue
             # rows of one queue are in claim order by (claimed_at, total): the claim index
             newest = one(sa.select(c.c.total).where(mine).order_by(c.c.claimed_at.desc(), c.c.total.desc()))
+            # its time: past ``now`` only when the clock stepped back (claim_limited rebases)
+            newest_at = one(
+                sa.select(c.c.claimed_at).where(mine).order_by(c.c.claimed_at.desc(), c.c.total.desc())
+            )
             in_window = mine, c.c.claimed_at > now - s.c.rate_per
             first = one(sa.select(c.c.total - c.c.jobs).where(*in_window).order_by(c.c.claimed_at, c.c.total))
             oldest = one(sa.select(c.c.claimed_at).where(*in_window).order_by(c.c.claimed_at, c.c.total))
@@ -118,6 +122,7 @@ class SettingsOps(Core):
                 when(s.c.concurrency, sa.select(sa.func.count()).select_from(jobs).where(live)),
                 when(s.c.concurrency, sa.select(sa.func.min(jobs.c.claim_expires_at)).where(live)),
                 when(s.c.rate_limit, newest),
+                when(s.c.rate_limit, newest_at),
                 when(s.c.rate_limit, first),
                 when(s.c.rate_limit, oldest),
                 now,
@@ -126,12 +131,12 @@ class SettingsOps(Core):
         rows = ex.rows(self.sql("limit_view", build), params)
         if not rows:
             return None
-        paused, concurrency, rate_limit, rate_per, live, next_lapse, total, before, oldest, now = rows[0]
+        paused, concurrency, rate_limit, rate_per, live, next_lapse, total, total_at, before, oldest, now = rows[0]
         return LimitView(
             paused=bool(paused), concurrency=concurrency, rate_limit=rate_limit, rate_per=rate_per,
             live=live or 0, next_lapse=next_lapse,
             recent=0 if before is None else int(total) - int(before), oldest_recent=oldest,
-            log_total=int(total or 0), now=float(now),
+            log_total=int(total or 0), log_newest_at=total_at, now=float(now),
         )
 
     # -- the limited claim -----------------------------------------------------------------
@@ -153,6 +158,17 @@ class SettingsOps(Core):
             view = self.limit_view(ex, params)
             if view is None:
                 return None
+            if view.log_ahead > 0:
+                # the log's times are ahead of the clock: move them back by the step, so the
+                # windows go on from where they were (their running totals only hold in
+                # claim order, which a claim logged before the newest one would break)
+                ex.rowcount(self.sql("claims_rebase", self._claims_rebase), {
+                    "queue": params["queue"], "by": view.log_ahead,
+                })
+                params = {**params, "now": view.now}
+                view = self.limit_view(ex, params)
+                if view is None:
+                    return None
             room = view.room(int(params["n"]))
             rows: list[tuple[Any, ...]] = []
             if room > 0:
@@ -177,6 +193,13 @@ class SettingsOps(Core):
         return sa.delete(queue_claims).where(
             queue_claims.c.queue == bp("queue", sa.Text),
             queue_claims.c.claimed_at <= self.now() - sa.cast(bp("per", sa.Double), sa.Double),
+        )
+
+    def _claims_rebase(self) -> sa.Update:
+        return (
+            sa.update(queue_claims)
+            .where(queue_claims.c.queue == bp("queue", sa.Text))
+            .values(claimed_at=queue_claims.c.claimed_at - sa.cast(bp("by", sa.Double), sa.Double))
         )
 
     def _claims_log(self) -> sa.Insert:

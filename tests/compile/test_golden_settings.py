@@ -7,8 +7,8 @@ cache):
 - PostgreSQL takes the settings row lock with a plain ``FOR UPDATE`` (it must wait, never
   skip), in a statement of its own; SQLite renders no FOR UPDATE anywhere (its writer
   lock serializes);
-- the rate window is counted by index probes on the claim log (newest running total, the
-  window's first claim), never by counting its rows;
+- the rate window is counted by index probes on the claim log (the newest running total
+  and its time, the window's first claim and its time), never by counting its rows;
 - PostgreSQL logs a claim and prunes the log in one statement.
 """
 
@@ -44,7 +44,7 @@ def test_settings_statements(db: Target) -> None:
     assert {"settings_get", "settings_drop_idle", "limit_view", "claims_log"} <= set(settings_keys)
     view = sql["limit_view"]
     assert "count(" not in view.split("alkstore_queue_claims", 1)[1], "the window's jobs must not be counted row by row"
-    assert len(re.findall(r"ORDER BY c\.claimed_at( DESC)?, c\.total( DESC)? LIMIT 1", view)) == 3, view
+    assert len(re.findall(r"ORDER BY c\.claimed_at( DESC)?, c\.total( DESC)? LIMIT 1", view)) == 4, view
     if db.kind == "postgresql":
         lock = sql["settings_lock"]
         assert lock.endswith("FOR UPDATE"), lock

@@ -233,6 +233,26 @@ def test_rate_limit_window_on_the_injected_clock(store: alk.Store, clock: FakeCl
     assert max(sum(1 for u in times if t <= u < t + 10) for t in times) == 5
 
 
+def test_a_clock_stepping_back_neither_lifts_nor_stalls_the_rate_limit(
+    store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    q = store.queue(qname)
+    clock.advance(-3600)  # jobs due before any of the clock readings below
+    q.enqueue_many(list(range(100)))
+    clock.advance(3600)
+    q.set_rate_limit(10, per=60)
+    assert len(q.claim_batch("w", 6)) == 6
+    clock.advance(-30)  # an NTP step back: the claims above now lie 30 s in the future
+    assert len(q.claim_batch("w", 6)) == 4  # the window still holds those six
+    for _ in range(20):  # the 20 s after the step: the window is full all along
+        clock.advance(1)
+        assert q.claim_batch("w", 10) == []
+    assert _limits.limit_wait(store, qname) == (pytest.approx(40.0), False)
+    clock.advance(40)  # 60 s of the clock's time after the first claim: the window frees
+    assert len(q.claim_batch("w", 20)) == 10
+    assert q.claim_one("w") is None
+
+
 def test_rate_log_holds_about_one_window(db: Target, store: alk.Store, clock: FakeClock, qname: str) -> None:
     q = store.queue(qname)
     q.enqueue_many(list(range(100)))
