@@ -126,8 +126,8 @@ def _links(trace_context: str | None) -> list[Link]:
         return []
     try:
         carrier = json.loads(trace_context)
-    except ValueError:
-        return []
+    except (ValueError, RecursionError):  # not JSON, or nested past the decoder's depth:
+        return []  # no flat object of headers either way
     if not isinstance(carrier, dict):
         return []
     # only text headers, as the propagator wrote them: another producer's row (or a damaged

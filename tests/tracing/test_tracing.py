@@ -430,6 +430,8 @@ BAD_CONTEXTS = [
     '{"traceparent": 5}', '{"traceparent": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]}',
     '{"traceparent": {"a": 1}}', '{"tracestate": 7, "traceparent": "00-x"}', '{"traceparent": true}',
     "not json", "[1, 2]", "null", '"str"', "{}", '{"traceparent": "00-zz-zz-01"}', '{"traceparent": null}',
+    # nested deeper than json's decoder recurses (RecursionError, no ValueError)
+    '{"traceparent": "00-x", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
 ]
 
 
