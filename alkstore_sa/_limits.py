@@ -47,11 +47,14 @@ class LimitView:
     now: float
 
     @property
-    def log_ahead(self) -> float:
-        """Seconds by which the rate log's newest claim is later than ``now`` (0 normally):
-        the clock stepped back since it was logged (an NTP correction). The claim that sees
-        it moves the log back by that much (``claim_limited``)."""
-        return 0.0 if self.log_newest_at is None else max(self.log_newest_at - self.now, 0.0)
+    def log_time(self) -> float:
+        """The time a claim made now is logged at: ``now``, or the log's newest claim's time
+        when the clock is behind it (it stepped back, an NTP correction, or a store's own
+        clock runs behind another's). Logged times then never go back, so the running
+        totals stay in the claim order the window count reads them in, and a claim counts
+        every claim logged after ``now - rate_per``, later ones included: a backward step
+        holds the rate back (by up to the step) but never lets a window exceed it."""
+        return self.now if self.log_newest_at is None else max(self.now, self.log_newest_at)
 
     def room(self, n: int) -> int:
         """How many of ``n`` wanted jobs a claim may hand out now."""
@@ -183,9 +186,7 @@ def limit_wait(store: Store, queue: str) -> tuple[float | None, bool] | None:
     if view is None:
         store._limited_queues.discard(queue)
         return None
-    if view.room(1) > 0 or view.log_ahead > 0:
-        # a log ahead of the clock (it stepped back) says nothing yet: the next claim
-        # moves it back by the step and decides
+    if view.room(1) > 0:
         return None
     return view.blocked_for(), view.concurrency_full
 

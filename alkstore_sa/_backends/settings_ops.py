@@ -110,7 +110,7 @@ class SettingsOps(Core):
             mine = c.c.queue == s.c.queue
             # rows of one queue are in claim order by (claimed_at, total): the claim index
             newest = one(sa.select(c.c.total).where(mine).order_by(c.c.claimed_at.desc(), c.c.total.desc()))
-            # its time: past ``now`` only when the clock stepped back (claim_limited rebases)
+            # its time: past ``now`` only when the clock stepped back (see LimitView.log_time)
             newest_at = one(
                 sa.select(c.c.claimed_at).where(mine).order_by(c.c.claimed_at.desc(), c.c.total.desc())
             )
@@ -158,17 +158,6 @@ class SettingsOps(Core):
             view = self.limit_view(ex, params)
             if view is None:
                 return None
-            if view.log_ahead > 0:
-                # the log's times are ahead of the clock: move them back by the step, so the
-                # windows go on from where they were (their running totals only hold in
-                # claim order, which a claim logged before the newest one would break)
-                ex.rowcount(self.sql("claims_rebase", self._claims_rebase), {
-                    "queue": params["queue"], "by": view.log_ahead,
-                })
-                params = {**params, "now": view.now}
-                view = self.limit_view(ex, params)
-                if view is None:
-                    return None
             room = view.room(int(params["n"]))
             rows: list[tuple[Any, ...]] = []
             if room > 0:
@@ -177,7 +166,7 @@ class SettingsOps(Core):
                 rows = self.claim_unguarded(ex, {**params, "n": room, "now": view.now})
                 if rows and view.rate_limit is not None:
                     self.log_claims(ex, {
-                        "queue": params["queue"], "now": view.now, "per": view.rate_per,
+                        "queue": params["queue"], "now": view.log_time, "per": view.rate_per,
                         "jobs": len(rows), "total": view.log_total + len(rows),
                     })
         return rows
@@ -193,13 +182,6 @@ class SettingsOps(Core):
         return sa.delete(queue_claims).where(
             queue_claims.c.queue == bp("queue", sa.Text),
             queue_claims.c.claimed_at <= self.now() - sa.cast(bp("per", sa.Double), sa.Double),
-        )
-
-    def _claims_rebase(self) -> sa.Update:
-        return (
-            sa.update(queue_claims)
-            .where(queue_claims.c.queue == bp("queue", sa.Text))
-            .values(claimed_at=queue_claims.c.claimed_at - sa.cast(bp("by", sa.Double), sa.Double))
         )
 
     def _claims_log(self) -> sa.Insert:

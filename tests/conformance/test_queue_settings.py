@@ -233,13 +233,12 @@ def test_rate_limit_window_on_the_injected_clock(store: alk.Store, clock: FakeCl
     assert max(sum(1 for u in times if t <= u < t + 10) for t in times) == 5
 
 
-def test_a_clock_stepping_back_neither_lifts_nor_stalls_the_rate_limit(
-    store: alk.Store, clock: FakeClock, qname: str
-) -> None:
+def test_a_clock_stepping_back_never_lifts_the_rate_limit(store: alk.Store, clock: FakeClock, qname: str) -> None:
     q = store.queue(qname)
     clock.advance(-3600)  # jobs due before any of the clock readings below
     q.enqueue_many(list(range(100)))
     clock.advance(3600)
+    t0 = clock.now
     q.set_rate_limit(10, per=60)
     assert len(q.claim_batch("w", 6)) == 6
     clock.advance(-30)  # an NTP step back: the claims above now lie 30 s in the future
@@ -247,10 +246,38 @@ def test_a_clock_stepping_back_neither_lifts_nor_stalls_the_rate_limit(
     for _ in range(20):  # the 20 s after the step: the window is full all along
         clock.advance(1)
         assert q.claim_batch("w", 10) == []
-    assert _limits.limit_wait(store, qname) == (pytest.approx(40.0), False)
-    clock.advance(40)  # 60 s of the clock's time after the first claim: the window frees
+    # the four are counted as taken at t0 (no logged time goes back), so the window frees
+    # at t0 + 60, up to the step later than the clock's readings alone would have
+    assert _limits.limit_wait(store, qname) == (pytest.approx(70.0), False)
+    clock.now = t0 + 59.999
+    assert q.claim_one("w") is None
+    clock.now = t0 + 60
     assert len(q.claim_batch("w", 20)) == 10
     assert q.claim_one("w") is None
+
+
+def test_stores_whose_clocks_disagree_never_lift_the_rate_limit(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """Two stores each on a clock of its own, one 0.5 s behind the other (hosts whose
+    clocks drift, each store passing its own): their claims, taken in turn, still hand out
+    at most the limit in each window."""
+    behind = FakeClock(clock.now - 0.5)
+    other = db.store(clock=behind)
+    try:
+        q, r = store.queue(qname), other.queue(qname)
+        clock.advance(-3600)
+        q.enqueue_many(list(range(200)))
+        clock.advance(3600)
+        q.set_rate_limit(10, per=60)
+        taken = 0
+        for _ in range(120):  # two windows, a claim from each store every second
+            taken += len(q.claim_batch("w", 3)) + len(r.claim_batch("w", 3))
+            clock.advance(1)
+            behind.advance(1)
+        assert taken == 20
+    finally:
+        other.close()
 
 
 def test_rate_log_holds_about_one_window(db: Target, store: alk.Store, clock: FakeClock, qname: str) -> None:
