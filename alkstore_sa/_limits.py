@@ -53,7 +53,8 @@ class LimitView:
         clock runs behind another's). Logged times then never go back, so the running
         totals stay in the claim order the window count reads them in, and a claim counts
         every claim logged after ``now - rate_per``, later ones included: a backward step
-        holds the rate back (by up to the step) but never lets a window exceed it."""
+        holds the rate back (by up to the step) but never lifts it, and no window of logged
+        times holds more than the limit."""
         return self.now if self.log_newest_at is None else max(self.now, self.log_newest_at)
 
     def room(self, n: int) -> int:
