@@ -147,7 +147,9 @@ def uninstrument() -> None:
 def serve(store: Store, port: int, addr: str = "127.0.0.1") -> object:
     """Record worker metrics and serve them with ``store``'s gauges at
     ``http://ADDR:PORT/metrics`` from a daemon thread, on the default registry; returns the
-    HTTP server (``.shutdown()`` stops it)."""
+    HTTP server (``.shutdown()`` stops it). Once per process: the default registry takes
+    one set of alkstore's gauges (a second call is InvalidOptions), and nothing is switched
+    on until the port is bound."""
     from prometheus_client import start_http_server
 
     collector = Collector(store)
@@ -157,13 +159,20 @@ def serve(store: Store, port: int, addr: str = "127.0.0.1") -> object:
         raise InvalidOptions(f"serve(store, port): port must be an int from 0 to 65535 (0: any free one), got {port!r}")
     if not isinstance(addr, str) or not addr:
         raise InvalidOptions(f"serve(store, port, addr): addr must be a host name or address, got {addr!r}")
-    instrument()
-    REGISTRY.register(collector)
+    try:
+        REGISTRY.register(collector)
+    except ValueError:  # prometheus_client's DuplicateTimeseries: the names are taken
+        raise InvalidOptions(
+            "serve(store, port): the default registry serves alkstore's gauges already (an "
+            "earlier serve() in this process, or a Collector registered on it): serve that "
+            "registry as it is, or use a registry of your own for a second store"
+        ) from None
     try:
         started = start_http_server(port, addr=addr)
     except BaseException:
         REGISTRY.unregister(collector)
         raise
+    instrument()
     # prometheus_client >= 0.19 returns (server, thread); older versions return nothing
     return started[0] if isinstance(started, tuple) else None
 

@@ -434,3 +434,31 @@ def test_serve_refuses_a_bad_port_before_doing_anything(sqlite_db: Target, port:
         metrics.serve(store, port)  # type: ignore[arg-type]
     assert metrics.observe.observer is before
     assert not any(isinstance(c, metrics.Collector) for c in list(prometheus_client.REGISTRY._collector_to_names))
+
+
+@pytest.mark.parametrize("first", ["serve", "register"])
+def test_serve_where_the_gauges_are_registered_already_is_refused(sqlite_db: Target, first: str) -> None:
+    """A second ``serve`` in one process, or ``serve`` after the application registered a
+    ``Collector`` on the default registry, raised prometheus_client's DuplicateTimeseries
+    (a ValueError, no AlkstoreError) after it had switched the worker metrics on; it is
+    InvalidOptions saying so, and the second call records, registers and binds nothing."""
+    with sqlite_db.store() as store:
+        collector = metrics.Collector(store)
+        server = None
+        if first == "serve":
+            server = metrics.serve(store, 0)
+        else:
+            prometheus_client.REGISTRY.register(collector)
+        metrics.uninstrument()
+        try:
+            with pytest.raises(alk.InvalidOptions, match="already"):
+                metrics.serve(store, 0)
+            assert metrics.observe.observer is None
+            ours = [c for c in list(prometheus_client.REGISTRY._collector_to_names) if isinstance(c, metrics.Collector)]
+            assert len(ours) == 1
+        finally:
+            for c in list(prometheus_client.REGISTRY._collector_to_names):
+                if isinstance(c, metrics.Collector):
+                    prometheus_client.REGISTRY.unregister(c)
+            if server is not None:
+                server.shutdown()  # type: ignore[attr-defined]
