@@ -198,7 +198,10 @@ def describe(settings: QueueSettings) -> str:
     if settings.concurrency is not None:
         parts.append(f"concurrency {settings.concurrency}")
     if settings.rate_limit is not None:
-        # 15 significant digits: the window as stored (":g" kept six, so 1234567 s read
-        # "1.23457e+06s"), and no exponent inside the allowed range of 100 years
-        parts.append(f"rate {settings.rate_limit}/{settings.rate_per:.15g}s")
+        if settings.rate_per is None:  # a row written by hand: the API sets both or neither
+            parts.append(f"rate {settings.rate_limit} (no window)")
+        else:
+            # 15 significant digits: the window as stored (":g" kept six, so 1234567 s read
+            # "1.23457e+06s"), and no exponent inside the allowed range of 100 years
+            parts.append(f"rate {settings.rate_limit}/{settings.rate_per:.15g}s")
     return ", ".join(parts) or "-"

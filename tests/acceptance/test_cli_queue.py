@@ -124,3 +124,29 @@ def test_the_rate_window_is_shown_as_stored(cli: Cli) -> None:
         assert out.strip() == f"slow: rate 5/{text}s", (text, out)
         line = next(ln for ln in cli.ok("status").splitlines() if ln.startswith("slow "))
         assert line.endswith(f"rate 5/{text}s"), (text, line)
+
+
+def test_status_shows_a_settings_row_written_by_hand_without_its_window(cli: Cli) -> None:
+    """A settings row written by hand (SQL, not the API) with a rate limit and no window
+    made ``alkstore status`` fail ('unexpected error: TypeError', exit 1) for every queue,
+    as the dashboard's queues page did: the settings' wording formatted the missing window
+    as a number. Such a row is shown as it is."""
+    import sqlalchemy as sa
+
+    s = cli.install()
+    s.queue("fine").enqueue(1)
+    table = "alkstore_queue_settings" if cli.kind == "sqlite" else f'"{cli.schema}".alkstore_queue_settings'
+    engine = sa.create_engine(cli.url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"INSERT INTO {table} (queue, paused, rate_limit, updated_at) VALUES ('byhand', false, 5, 0)"
+            )
+    finally:
+        engine.dispose()
+    header, *lines = cli.ok("status").split("\n\n")[0].strip().splitlines()  # the queue table
+    assert header.split()[-1] == "settings"
+    rows = {line.split()[0]: line for line in lines}
+    assert set(rows) == {"fine", "byhand"}
+    assert rows["byhand"].endswith(" rate 5 (no window)"), rows["byhand"]
+    assert json.loads(cli.ok("status", "--json"))["byhand"]["settings"]["rate_per"] is None
