@@ -23,6 +23,7 @@ and until ``instrument()`` no span is made and no trace context is stored.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -42,6 +43,8 @@ except ImportError as exc:
     raise MissingExtra(
         "alkstore_sa.tracing needs opentelemetry-api: pip install 'alkstore-sa[tracing]'"
     ) from exc
+
+log = logging.getLogger("alkstore_sa")
 
 SYSTEM = "alkstore"
 _SCOPE = "alkstore_sa"
@@ -140,6 +143,12 @@ def _links(trace_context: str | None) -> list[Link]:
     return [Link(span_context)] if span_context.is_valid else []
 
 
+def _untraced(queue: str) -> None:
+    log.warning(
+        "enqueue into %r: its trace span could not be opened; enqueued untraced", queue, exc_info=True
+    )
+
+
 def _producer_attributes(queue: str) -> dict[str, Any]:
     return {
         "messaging.system": SYSTEM,
@@ -166,11 +175,21 @@ class _Tracer:
         self._tracer = _tracer()
 
     def send(self, queue: str, params: Mapping[str, Any], run: Callable[[dict[str, Any]], int]) -> int:
-        with self._tracer.start_as_current_span(
-            f"send {queue}", kind=SpanKind.PRODUCER, attributes=_producer_attributes(queue)
-        ) as span:
+        try:
+            span = self._tracer.start_span(
+                f"send {queue}", kind=SpanKind.PRODUCER, attributes=_producer_attributes(queue)
+            )
+        except Exception:  # noqa: BLE001 - the application's tracer: the job goes in untraced
+            _untraced(queue)
+            return run({**params, "trace_context": None})
+        with trace.use_span(span, end_on_exit=True):
+            try:
+                context = _inject()
+            except Exception:  # noqa: BLE001 - the application's propagator: as above
+                _untraced(queue)
+                context = None
             # the id exists only after the insert: the attribute is set then, inside the span
-            job_id = run({**params, "trace_context": _inject()})
+            job_id = run({**params, "trace_context": context})
             span.set_attribute("messaging.message.id", str(job_id))
             return job_id
 
@@ -178,12 +197,18 @@ class _Tracer:
         # one span per job, siblings under the current span: each job has its own message
         # id and its own producer span for its executions to link to
         attributes = _producer_attributes(queue)
-        spans = [
-            self._tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes)
-            for _ in range(count)
-        ]
+        spans: list[Span] = []
         try:
-            ids = run([_inject(trace.set_span_in_context(s)) for s in spans])
+            for _ in range(count):
+                spans.append(self._tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes))
+            contexts = [_inject(trace.set_span_in_context(s)) for s in spans]
+        except Exception:  # noqa: BLE001 - the application's tracer or propagator: untraced
+            for s in spans:
+                s.end()
+            _untraced(queue)
+            return run([None] * count)
+        try:
+            ids = run(contexts)
         except BaseException as exc:
             for s in spans:
                 s.record_exception(exc)

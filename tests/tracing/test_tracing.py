@@ -498,6 +498,58 @@ def test_a_span_that_cannot_be_opened_leaves_the_job_untraced_not_stranded(
     assert caplog.text.count("its trace span could not be opened; it runs untraced") == 3
 
 
+class _BrokenProducerTracer(_BrokenTracer):
+    """The same, for every way a span is started."""
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("exporter misconfigured")
+
+
+class _BrokenPropagator:
+    """An application's propagator that fails to write a context (a buggy custom one)."""
+
+    fields: set[str] = set()
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        raise RuntimeError("propagator broken")
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        return context
+
+
+@pytest.mark.parametrize("broken", ["tracer", "propagator"])
+def test_an_enqueue_whose_span_cannot_be_opened_enqueues_untraced(
+    spans: InMemorySpanExporter, db: Target, store: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, broken: str,
+) -> None:
+    """An application tracer that cannot start spans, or a propagator that cannot write the
+    context, made every enqueue raise its error (a RuntimeError, no AlkstoreError) and
+    write no job: tracing kept jobs from being enqueued at all. The jobs are enqueued
+    untraced (no stored context), with a WARNING per call, as the worker runs a job whose
+    span it cannot open."""
+    from opentelemetry import propagate
+
+    installed = tracing._installed
+    assert installed is not None
+    if broken == "tracer":
+        monkeypatch.setattr(installed, "_tracer", _BrokenProducerTracer())
+    else:
+        monkeypatch.setattr(propagate, "get_global_textmap", lambda: _BrokenPropagator())
+    q = store.queue(qname)
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        one = q.enqueue(1)
+        keyed = q.enqueue(2, unique_key="k")
+        assert q.enqueue(3, unique_key="k") == keyed
+        many = q.enqueue_many([4, 5])
+        with Session(db.engine) as session, session.begin():
+            mine = alk.enqueue(session, q, 6)
+    ids = [one, keyed, *many, mine]
+    assert [j.trace_context for j in map(q.get_job, ids)] == [None] * len(ids)  # type: ignore[union-attr]
+    assert caplog.text.count("could not be opened; enqueued untraced") == 5
+    run_burst(store, qname, lambda job: None)
+    assert q.stats().pending == 0
+
+
 # -- across processes ----------------------------------------------------------------------
 
 
