@@ -86,7 +86,8 @@ def process_span(job: JobHandle | Job) -> Iterator[Span]:
     """
     if not isinstance(job, JobHandle | Job):
         raise InvalidOptions(f"process_span(job): job must be a JobHandle or a Job, got {type(job).__name__}")
-    j = job.job if isinstance(job, JobHandle) else job
+    # only the job's fields: a payload that cannot be decoded still gets its span
+    j = job._described() if isinstance(job, JobHandle) else job
     with _tracer().start_as_current_span(
         f"process {j.queue}", kind=SpanKind.CONSUMER, links=_links(j.trace_context),
         attributes=_consumer_attributes(j),

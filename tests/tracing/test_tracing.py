@@ -415,6 +415,25 @@ def test_process_span_for_your_own_claims(spans: InMemorySpanExporter, store: al
     assert linked_to(span) == [ids_of(named(spans, f"send {qname}")[0])]
 
 
+def test_process_span_of_a_claim_whose_stored_payload_is_not_json(
+    spans: InMemorySpanExporter, db: Target, store: alk.Store, qname: str
+) -> None:
+    """``process_span(h)`` for a claimed job whose payload text is not JSON (a row edited
+    by hand) raised PayloadError before any span, so the code failing that job could not
+    trace it (the worker's own span of such a job is made: see above). The span is made,
+    linked to the enqueue; reading ``h.payload`` inside it still raises."""
+    q = store.queue(qname)
+    job_id = q.enqueue({"a": 1})
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET payload = '{{oops' WHERE id = :i", i=job_id)
+    h = q.claim_one("w")
+    assert h is not None
+    with pytest.raises(alk.PayloadError), tracing.process_span(h):
+        h.payload  # noqa: B018 - the read that fails
+    (span,) = named(spans, f"process {qname}")
+    assert span.attributes["messaging.message.id"] == str(job_id) and span.status.status_code is StatusCode.ERROR
+    assert linked_to(span) == [ids_of(named(spans, f"send {qname}")[0])]
+
+
 def test_untraced_jobs_get_spans_without_links(
     provider: Any, spans: InMemorySpanExporter, store: alk.Store, qname: str
 ) -> None:
