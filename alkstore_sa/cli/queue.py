@@ -7,6 +7,7 @@ import argparse
 import math
 
 from .. import _limits
+from .. import _validate as v
 from ..model import QueueSettings
 from ..outbox import listed_queue
 from ._common import Once, add_database_options, open_store
@@ -50,6 +51,8 @@ def _concurrency(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a whole number of jobs or 'none', got {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"the limit must be at least 1 (or 'none' to remove it), got {n}")
+    if n > v.INT32_MAX:  # the library's range, said under the option's name
+        raise argparse.ArgumentTypeError(f"the limit must be at most {v.INT32_MAX}, got {n}")
     return n
 
 
@@ -65,8 +68,17 @@ def _rate(text: str) -> tuple[int, float] | str:
         raise argparse.ArgumentTypeError(f"expected N/SECONDS with a whole N and a number of seconds, got {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"the rate must allow at least 1 job, got {n}")
+    if n > v.INT32_MAX:
+        raise argparse.ArgumentTypeError(f"the rate must allow at most {v.INT32_MAX} jobs, got {n}")
     if not math.isfinite(per) or per <= 0:
         raise argparse.ArgumentTypeError(f"the window must be a positive number of seconds, got {seconds!r}")
+    if per < v.MIN_LEASE:
+        raise argparse.ArgumentTypeError(
+            f"the window must be at least {v.MIN_LEASE:g} seconds (timestamps have millisecond "
+            f"precision), got {seconds!r}"
+        )
+    if per > v.MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"the window must be at most 100 years, got {seconds!r} seconds")
     return n, per
 
 
