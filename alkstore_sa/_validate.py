@@ -13,6 +13,7 @@ from .errors import InvalidName, InvalidOptions, PayloadError
 
 if TYPE_CHECKING:
     from .stop import StopToken
+    from .store import Store
 
 RESERVED_PREFIX = "__alkstore"
 MAX_NAME_LENGTH = 200
@@ -151,6 +152,20 @@ def stop_token(value: object, what: str = "stop") -> StopToken:
 
     if not isinstance(value, StopToken):
         raise InvalidOptions(f"{what} must be an alkstore_sa.StopToken, got {type(value).__name__}")
+    return value
+
+
+def store(value: object, what: str = "store") -> Store:
+    """The store a handle, worker or app works on: an ``alkstore_sa.Store``. Anything else
+    (a URL or an engine where the store goes, None) would fail only at its first use, with
+    an AttributeError from deep inside."""
+    from .store import Store  # store.py validates with this module: imported at call time
+
+    if not isinstance(value, Store):
+        hint = ""
+        if isinstance(value, str) or type(value).__name__ in ("Engine", "AsyncEngine"):
+            hint = " (make one with alk.Store(engine_or_url))"
+        raise InvalidOptions(f"{what} must be an alk.Store, got {type(value).__name__}{hint}")
     return value
 
 

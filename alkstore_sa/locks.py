@@ -28,7 +28,7 @@ class Lock:
     leadership lease), which a handle made here must not take or release."""
 
     def __init__(self, store: Store, name: str) -> None:
-        self.store = store
+        self.store = v.store(store)
         self.name = v.name(name, "lock name")
 
     @classmethod

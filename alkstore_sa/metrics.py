@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from . import _validate as v
 from .errors import AlkstoreError, InvalidOptions, MissingExtra
 
 try:
@@ -74,9 +75,7 @@ class Collector:
     """
 
     def __init__(self, store: Store) -> None:
-        if not isinstance(store, Store):  # else registered fine, and every scrape failed
-            raise InvalidOptions(f"Collector(store): store must be an alk.Store, got {type(store).__name__}")
-        self.store = store
+        self.store = v.store(store, "Collector(store): store")  # else registered fine, and every scrape failed
         self._seen: set[str] = set()
         self._lock = threading.Lock()  # scrapes may run at once (a threaded HTTP server)
 

@@ -61,6 +61,7 @@ class Subscription:
     def __init__(self, store: Store, channel: str) -> None:
         # a user channel: names with the reserved prefix are refused (the library's own
         # wake-ups do not go through channels at all: see the hubs' watch_queue/watch_stream)
+        store = v.store(store)
         self.channel = v.name(channel, "channel name")
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._key = store.backend.channel_key(channel)

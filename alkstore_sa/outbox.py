@@ -56,7 +56,7 @@ class Outbox:
     """A handle on the outbox ``name``; constructing it writes nothing."""
 
     def __init__(self, store: Store, name: str) -> None:
-        self.store = store
+        self.store = v.store(store)
         self.name = v.name(name, "outbox name")
         self._queue = Queue._unchecked(store, backing_queue_name(self.name), OUTBOX_OPTS)
 

@@ -106,7 +106,7 @@ class Queue:
     def __init__(self, store: Store, name: str, opts: QueueOpts) -> None:
         if not isinstance(opts, QueueOpts):
             raise InvalidOptions(f"opts must be a QueueOpts, got {type(opts).__name__}")
-        self.store = store
+        self.store = v.store(store)
         self.name = v.name(name, "queue name")
         self.opts = opts
 

@@ -156,7 +156,7 @@ class Scheduler:
     """Schedule registration and the leader-elected tick loop of one store."""
 
     def __init__(self, store: Store) -> None:
-        self.store = store
+        self.store = v.store(store)
         self._failing: dict[str, _Failing] = {}
         self.fire_lock_wait = FIRE_LOCK_WAIT  # seconds (PostgreSQL; see FIRE_LOCK_WAIT)
 

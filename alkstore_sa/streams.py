@@ -46,7 +46,7 @@ class Stream:
     """A handle on the stream ``name``; constructing it writes nothing."""
 
     def __init__(self, store: Store, name: str) -> None:
-        self.store = store
+        self.store = v.store(store)
         self.name = v.name(name, "stream name")
 
     def __repr__(self) -> str:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from importlib import resources
 
+from .. import _validate as v
 from .._unreachable import driver_error, is_connect_failure
 from ..errors import DatabaseError, InvalidName, InvalidOptions, NotInstalled, SchemaTooNew
 from ..store import Store
@@ -66,8 +67,7 @@ class Dashboard:
 
     def __init__(self, store: Store, *, read_only: bool = False, csrf_secret: bytes | None = None) -> None:
         # checked here, not at the first request: there a wrong argument was a 500 on every page
-        if not isinstance(store, Store):
-            raise InvalidOptions(f"the dashboard's store must be an alk.Store, got {type(store).__name__}")
+        v.store(store, "the dashboard's store")
         if not isinstance(read_only, bool):
             raise InvalidOptions(f"read_only must be a bool, got {type(read_only).__name__}")
         if csrf_secret is not None and not (isinstance(csrf_secret, bytes) and csrf_secret):

@@ -74,7 +74,7 @@ class Worker:
         shutdown_grace: v.Duration = 30.0,
         registry_interval: v.Duration = REGISTRY_INTERVAL,
     ) -> None:
-        self.store = store
+        self.store = store = v.store(store)
         self.tasks: Tasks | None = None
         self.handler: Handler | None = None
         self._dispatch: Dispatch

@@ -620,3 +620,28 @@ def test_fail_and_retry_survive_pickling_and_copying(raised: Exception) -> None:
 
     for back in (pickle.loads(pickle.dumps(raised)), copy.copy(raised)):
         assert type(back) is type(raised) and vars(back) == vars(raised) and back.args == raised.args
+
+
+# -- whatever takes a store: something else is an InvalidOptions naming what was given -----------
+
+STORE_TAKERS: dict[str, Callable[[object], object]] = {
+    "Worker": lambda s: alk.Worker(s, "q", lambda job: None),  # type: ignore[arg-type]
+    "Worker-tasks": lambda s: alk.Worker(s, alk.Tasks()),  # type: ignore[arg-type]
+    "Queue": lambda s: alk.Queue(s, "q", alk.QueueOpts()),  # type: ignore[arg-type]
+    "Lock": lambda s: alk.Lock(s, "l"),  # type: ignore[arg-type]
+    "Stream": lambda s: alk.Stream(s, "s"),  # type: ignore[arg-type]
+    "Outbox": lambda s: alk.Outbox(s, "o"),  # type: ignore[arg-type]
+    "Subscription": lambda s: alk.Subscription(s, "c"),  # type: ignore[arg-type]
+}
+NOT_STORES = ["not a store", "sqlite:///app.db", None, 7, SimpleNamespace(queue=None, backend=None)]
+
+
+@pytest.mark.parametrize("bad", NOT_STORES, ids=repr)
+@pytest.mark.parametrize("taker", sorted(STORE_TAKERS))
+def test_something_that_is_no_store_is_refused_naming_what_was_given(taker: str, bad: object) -> None:
+    """``alk.Worker("sqlite:///app.db", ...)`` (a URL, an engine, None where the store goes)
+    raised an AttributeError from deep inside (``'str' object has no attribute 'queue'``),
+    and ``alk.Lock("x", name)`` and the other handle classes took it and failed at their
+    first operation: each says what it was given and what it needs, before anything else."""
+    with pytest.raises(alk.InvalidOptions, match=rf"must be an alk\.Store.*got {type(bad).__name__}"):
+        STORE_TAKERS[taker](bad)
