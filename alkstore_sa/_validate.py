@@ -104,23 +104,24 @@ def _number(value: object, what: str) -> float:
     return f
 
 
-def duration(value: object, what: str, *, minimum: float = 0.0, inclusive: bool = True) -> float:
+def duration(value: object, what: str, *, minimum: float = 0.0) -> float:
     """Seconds (int/float) or a timedelta, finite, within [minimum, 100 years]."""
     f = value.total_seconds() if isinstance(value, timedelta) else _number(value, what)
-    if inclusive and f < minimum:
+    if f < minimum:
         raise InvalidOptions(f"{what} must be >= {minimum:g}, got {f!r}")
-    if not inclusive and f <= minimum:
-        raise InvalidOptions(f"{what} must be > {minimum:g}, got {f!r}")
     if f > MAX_DURATION:
         raise InvalidOptions(f"{what} must not exceed 100 years")
     return f
 
 
 # The shortest lease (a lock's ttl, the scheduler's lease, a claim's visibility timeout or
-# heartbeat extension) and the shortest rate window: timestamps are epoch seconds
-# with millisecond precision (SPEC §1), and near today's epoch a float steps by 2.4e-7 s, so
-# now + 1e-7 is now again: a shorter lease would lapse as it is written, and a shorter
-# window would hold no claim but the one being made (no limit at all).
+# heartbeat extension), rate window, job expiry and loop interval: timestamps are epoch
+# seconds with millisecond precision (SPEC §1), and near today's epoch a float steps by
+# 2.4e-7 s, so now + 1e-7 is now again: a shorter lease would lapse as it is written, a
+# shorter window would hold no claim but the one being made (no limit at all), a shorter
+# expiry would make a job that expired as it was enqueued, and a shorter poll interval is a
+# busy loop. (Spans where 0 means "now" — a delay, a retention, a grace period — take any
+# value >= 0: a sub-millisecond one is just "now".)
 MIN_LEASE = 0.001
 
 
@@ -132,6 +133,25 @@ def lease(value: object, what: str) -> float:
         raise InvalidOptions(
             f"{what} must be >= {MIN_LEASE:g} (timestamps have millisecond precision: a shorter "
             f"span cannot be measured), got {f!r}"
+        )
+    return f
+
+
+def optional_lease(value: object, what: str) -> float | None:
+    """None, or a span ``lease`` accepts: a job's ``expires`` (a shorter one would make
+    ``expires_at`` equal the enqueue instant, a job that expired as it was written)."""
+    return None if value is None else lease(value, what)
+
+
+def interval(value: object, what: str) -> float:
+    """How often a loop looks again (a poll interval, the worker registry's refresh): seconds
+    or a timedelta, at least MIN_LEASE, at most 100 years. Its deadlines are timestamps of
+    millisecond precision too, and a shorter interval is a busy loop against the database."""
+    f = duration(value, what, minimum=-math.inf)
+    if f < MIN_LEASE:
+        raise InvalidOptions(
+            f"{what} must be >= {MIN_LEASE:g} (timestamps have millisecond precision: a shorter "
+            f"interval would query the database in a busy loop), got {f!r}"
         )
     return f
 

@@ -75,7 +75,7 @@ def enqueue_params(
         "run_at": None if run_at is None else v.aware_datetime(run_at, "run_at"),
         "priority": v.int32(priority, "priority"),
         "max_attempts": opts.max_attempts if max_attempts is None else v.max_attempts(max_attempts),
-        "expires": v.optional_duration(expires, "expires", inclusive=False),
+        "expires": v.optional_lease(expires, "expires"),
         "visibility_timeout": opts.visibility_timeout,
         "backoff_base": opts.backoff_base,
         "dead_letter_retention": opts.dead_letter_retention,

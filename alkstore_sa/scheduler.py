@@ -184,7 +184,7 @@ class Scheduler:
             "payload": v.encode_payload(payload, self.store.max_payload_bytes),
             "priority": v.int32(priority, "priority"),
             "max_attempts": None if max_attempts is None else v.max_attempts(max_attempts),
-            "expires": v.optional_duration(expires, "expires", inclusive=False),
+            "expires": v.optional_lease(expires, "expires"),
         }
         with self.store.executor() as ex:
             now = self.store.backend.read_now(ex, self.store.now())

@@ -117,7 +117,7 @@ class Stream:
         self.store._check_open()
         consumer = v.name(consumer, "consumer name")
         stop = v.stop_token(stop)
-        wait = v.duration(poll_interval, "poll_interval", inclusive=False)
+        wait = v.interval(poll_interval, "poll_interval")
         v.int32(batch, "batch", minimum=1)
         return self._follow(consumer, stop, wait, batch)
 

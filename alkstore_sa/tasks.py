@@ -103,7 +103,7 @@ class TaskCall(Generic[P]):
             v.int32(priority, "priority")
         if max_attempts is not None:
             v.max_attempts(max_attempts)
-        v.optional_duration(expires, "expires", inclusive=False)
+        v.optional_lease(expires, "expires")
         v.unique_key(unique_key)
         given: dict[str, Any] = {
             "delay": delay, "run_at": run_at, "priority": priority,

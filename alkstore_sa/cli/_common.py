@@ -292,6 +292,6 @@ def worker_options(
         "concurrency": None if concurrency is None else v.int32(concurrency, "--concurrency", minimum=1),
         "worker_id": None if worker_id is None else v.worker_id(worker_id, "--worker-id"),
         "batch_size": None if batch_size is None else v.int32(batch_size, "--batch-size", minimum=1),
-        "poll_interval": v.duration(poll_interval, "--poll-interval", inclusive=False),
+        "poll_interval": v.interval(poll_interval, "--poll-interval"),
         "shutdown_grace": v.duration(grace, "--grace"),
     }

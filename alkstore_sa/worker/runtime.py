@@ -119,9 +119,9 @@ class Worker:
         self.batch_size = self.concurrency if batch_size is None else v.int32(batch_size, "batch_size", minimum=1)
         self._given_id = None if worker_id is None else v.worker_id(worker_id)
         self._default_id = (os.getpid(), default_worker_id())  # (the process it names, the id)
-        self.poll_interval = v.duration(poll_interval, "poll_interval", inclusive=False)
+        self.poll_interval = v.interval(poll_interval, "poll_interval")
         self.shutdown_grace = v.duration(shutdown_grace, "shutdown_grace")
-        self.registry_interval = v.duration(registry_interval, "registry_interval", inclusive=False)
+        self.registry_interval = v.interval(registry_interval, "registry_interval")
         if self.registry_interval > MAX_REGISTRY_INTERVAL:
             raise InvalidOptions(
                 f"registry_interval must be at most {MAX_REGISTRY_INTERVAL:g}s (SPEC §15), got {self.registry_interval:g}"

@@ -135,6 +135,7 @@ def test_a_closed_stdout_ends_quietly_with_141(sqlite_db: Target, tmp_path: Path
         # (was "shutdown_grace must be >= 0, got -1.0" for --grace -1)
         (["worker", "builtins:repr", "-q", "a", "--grace", "-1"], "--grace"),
         (["worker", "builtins:repr", "-q", "a", "--poll-interval", "0"], "--poll-interval"),
+        (["worker", "builtins:repr", "-q", "a", "--poll-interval", "0.0001"], "--poll-interval"),
         (["worker", "builtins:repr", "-q", "a", "-c", "0"], "--concurrency"),
         (["worker", "builtins:repr", "-q", "a", "--batch-size", "0"], "--batch-size"),
         (["worker", "builtins:repr", "-q", "a", "--worker-id", ""], "--worker-id"),

@@ -147,7 +147,10 @@ BAD_ENQUEUE_OPTS = [
     {"run_at": NAIVE}, {"run_at": datetime(2000, 1, 1)},
     *({"priority": x} for x in (1.5, 1.0, "1", None, True, False, I32 + 1, -(2**31) - 1, NAN)),
     *({"max_attempts": x} for x in (0, -1, I32 + 1, True, 2.0)),
-    *({"expires": x} for x in (0, -1, timedelta(0), NAN, INF, True, OVER_100Y)),
+    *({"expires": x} for x in (0, -1, timedelta(0), NAN, INF, True, OVER_100Y,
+                               # under a millisecond: now + 1e-7 is now again in epoch
+                               # seconds, so the job expired as it was enqueued
+                               1e-7, 0.0009, timedelta(microseconds=999))),
 ]
 
 

@@ -454,6 +454,8 @@ def test_schedules_list_in_code_point_order_under_a_linguistic_collation(qname: 
         ({"max_attempts": 0}, alk.InvalidOptions),
         ({"expires": 0}, alk.InvalidOptions),
         ({"expires": math.nan}, alk.InvalidOptions),
+        ({"expires": 1e-7}, alk.InvalidOptions),  # under a millisecond: each fire dead on arrival
+        ({"expires": 0.0009}, alk.InvalidOptions),
         ({"payload": {"x": math.nan}}, alk.PayloadError),
         ({"payload": {1, 2}}, alk.PayloadError),
     ],

@@ -369,7 +369,7 @@ def test_bad_limits_raise_invalid_options(store: alk.Store, qname: str, bad: Any
         st.read(after=0, limit=bad)
 
 
-@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, True, "1", 101 * 365.25 * 86400])
+@pytest.mark.parametrize("bad", [0, 1e-9, 0.0009, -1, math.nan, math.inf, True, "1", 101 * 365.25 * 86400])
 def test_bad_poll_interval_raises_invalid_options(store: alk.Store, qname: str, bad: Any) -> None:
     stop = alk.StopToken()
     with pytest.raises(alk.InvalidOptions):

@@ -490,6 +490,7 @@ def test_using_never_changes_the_task(store: alk.Store, qname: str, clock: FakeC
         {"priority": 2**31},
         {"max_attempts": 0},
         {"expires": 0},
+        {"expires": 1e-7},  # under a millisecond: the job would expire as it is enqueued
         {"run_at": datetime(2030, 1, 1)},  # naive
         {"run_at": "tomorrow"},
     ],

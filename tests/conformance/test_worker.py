@@ -77,6 +77,10 @@ def _ts(epoch: float) -> datetime:
         {"batch_size": 0},
         {"poll_interval": 0},
         {"poll_interval": float("nan")},
+        {"poll_interval": 1e-9},  # under a millisecond: a busy loop of claims
+        {"poll_interval": 0.0009},
+        {"registry_interval": 0},
+        {"registry_interval": 1e-9},  # under a millisecond: a busy loop of registry writes
         {"shutdown_grace": -1},
         {"worker_id": ""},
     ],
