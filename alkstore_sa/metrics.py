@@ -171,7 +171,7 @@ def serve(store: Store, port: int, addr: str = "127.0.0.1") -> object:
     except BaseException:
         REGISTRY.unregister(collector)
         raise
-    instrument()
+    instrument()  # only now: a serve that failed (a port taken, a host unknown) changed nothing
     # prometheus_client >= 0.19 returns (server, thread); older versions return nothing
     return started[0] if isinstance(started, tuple) else None
 

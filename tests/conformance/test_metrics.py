@@ -462,3 +462,25 @@ def test_serve_where_the_gauges_are_registered_already_is_refused(sqlite_db: Tar
                     prometheus_client.REGISTRY.unregister(c)
             if server is not None:
                 server.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("was_on", [False, True], ids=["was-off", "was-on"])
+@pytest.mark.parametrize("addr", ["127.0.0.1", "not-a-resolvable-host.invalid"], ids=["port-taken", "bad-host"])
+def test_a_serve_that_cannot_bind_leaves_everything_as_it_was(sqlite_db: Target, addr: str, was_on: bool) -> None:
+    """``serve(store, port)`` on a port another socket holds (or on a host name that does not
+    resolve) raised the socket's error — after it had switched the worker metrics on: the
+    process's workers recorded into metrics nobody served, although the call failed. A failed
+    serve now records, registers and binds nothing, and leaves recording on if it was."""
+    metrics.instrument() if was_on else metrics.uninstrument()
+    before = metrics.observe.observer
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with sqlite_db.store() as store, pytest.raises(OSError):
+                metrics.serve(store, port, addr)
+        assert metrics.observe.observer is before
+        assert not any(isinstance(c, metrics.Collector) for c in list(prometheus_client.REGISTRY._collector_to_names))
+    finally:
+        metrics.uninstrument()
