@@ -186,7 +186,10 @@ class Scheduler:
             "max_attempts": None if max_attempts is None else v.max_attempts(max_attempts),
             "expires": v.optional_lease(expires, "expires"),
         }
-        with self.store.executor() as ex:
+        # retried once after a disconnect, like the scheduler's reads: the clock read is a
+        # read, and a repeat of an upsert that landed writes the same definition again (an
+        # unchanged interval keeps its boundary; a changed one comes from the same reading)
+        with self.store.executor(retry=True) as ex:
             now = self.store.backend.read_now(ex, self.store.now())
             params["now"] = now
             params["next_fire_at"] = when.after(now)

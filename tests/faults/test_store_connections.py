@@ -292,6 +292,38 @@ def test_a_read_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
         store.close()
 
 
+@pytest.mark.parametrize("clock", ["database", "injected"])
+@pytest.mark.parametrize("change", ["new", "same", "other-interval"])
+def test_schedule_cut_off_mid_statement_is_retried_once_on_a_fresh_connection(
+    pg: Target, tagged: tuple[str, sa.Engine], qname: str, clock: str, change: str
+) -> None:
+    """``store.schedule()`` whose connection dies mid-operation raised DatabaseError, while
+    the scheduler's reads (e66c619) and the store's other reads and idempotent writes are
+    retried once on a fresh connection. It reads the clock, then upserts by name: a repeat
+    of an upsert that landed writes the same definition again (an unchanged interval keeps
+    its boundary, the changed one is computed from the same reading), so it is retried too.
+    The table lock holds the upsert, the statement after the clock read, where the cut comes."""
+    app, engine = tagged
+    store = alk.Store(engine, schema=pg.schema, clock=None if clock == "database" else lambda: 1_000_000.0)
+    locker = pg.engine.connect()
+    try:
+        if change != "new":
+            store.schedule(qname, "@every 1h", qname, "old")
+        before = {s.name: s for s in store.schedules()}.get(qname)
+        spec = "@every 2h" if change == "other-interval" else "@every 1h"
+        tx = locker.begin()
+        locker.execute(sa.text(f"LOCK TABLE {pg.table('alkstore_schedules')} IN ACCESS EXCLUSIVE MODE"))
+        assert _cut_off_while_waiting(app, tx, lambda: store.schedule(qname, spec, qname, "new")) == [None]
+        after = {s.name: s for s in store.schedules()}[qname]
+        assert (after.spec, after.payload) == (spec, "new")
+        if change == "same":
+            assert before is not None and after.next_fire_at == before.next_fire_at
+    finally:
+        locker.close()
+        store.unschedule(qname)
+        store.close()
+
+
 def test_lock_release_cut_off_mid_statement_is_not_retried(
     pg: Target, tagged: tuple[str, sa.Engine], qname: str
 ) -> None:
