@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from ._retry import TRANSIENT, Backoff, Outage
 from ._rows import ts
 from .errors import AlkstoreError, InvalidOptions
 from .model import Event
-from .stop import StopToken
+from .stop import Nudge, StopToken
 
 if TYPE_CHECKING:
     from .store import Store
@@ -122,7 +121,7 @@ class Stream:
         return self._follow(consumer, stop, wait, batch)
 
     def _follow(self, consumer: str, stop: StopToken, wait: float, batch: int) -> Iterator[Event]:
-        nudge = threading.Event()
+        nudge = Nudge()  # set by the stop too, maybe from a signal handler: takes no lock
         unhook = stop.on_stop(nudge.set)  # taken back when this subscription ends
         pid = os.getpid()  # the process whose listener ``watch`` is registered with
         watch = self._watch(nudge.set, wait)

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 from .._limits import limit_wait
 from ..errors import AlkstoreError, StoreClosed
 from ..queue import JobHandle, Queue, ack_and_claim_turns, claim_turns
-from ..stop import StopToken
+from ..stop import Nudge, StopToken
 
 if TYPE_CHECKING:
     from .acker import Ride
@@ -164,7 +164,7 @@ class Claimer:
         free: Callable[[], int],
         busy: Callable[[], int],
         start: Callable[[list[JobHandle]], None],
-        nudge: threading.Event,
+        nudge: Nudge,
     ) -> None:
         self.sources = [_Source(q, poll_interval) for q in queues]
         self._by_name = {s.queue.name: s for s in self.sources}

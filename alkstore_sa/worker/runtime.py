@@ -23,7 +23,7 @@ from .. import _validate as v
 from ..errors import AlkstoreError, InvalidOptions
 from ..model import Job
 from ..queue import JobHandle, Queue
-from ..stop import StopToken
+from ..stop import Nudge, StopToken
 from ..store import Store
 from ..tasks import Task, Tasks, generator_problem
 from . import observe
@@ -177,7 +177,7 @@ class Worker:
     def _run(self, stop: StopToken, burst: bool) -> None:
         self.store.check_schema()
         worker_id = self.worker_id  # this process's: claims, registry row, logs and spans alike
-        nudge = threading.Event()  # wakes the claim loop: a wake-up, a free slot, stop
+        nudge = Nudge()  # wakes the claim loop: a wake-up, a free slot, stop (maybe from a signal handler)
         self._roster = Heartbeater()
         claimer: Claimer | None = None
 
