@@ -8,11 +8,12 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from .._validate import decode_payload
+from .._validate import decode_payload, lease
 from ..cron import zone
-from ..errors import AlkstoreError, LeadershipLost
+from ..errors import AlkstoreError, InvalidOptions, LeadershipLost
 from ..model import Schedule
 from ._common import add_database_options, open_store, stop_on_signals
+from ._errors import UsageError
 from ._shown import shown
 
 log = logging.getLogger("alkstore_sa")
@@ -74,13 +75,19 @@ def local_next(s: Schedule) -> datetime:
 
 def run_runner(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT (exit 0). Database outages are ridden out inside
-    ``run_schedules``; a lost lease sends this runner back to waiting as a standby."""
+    ``run_schedules``; a lost lease sends this runner back to waiting as a standby. A bad
+    ``--lease`` is a usage error naming the option, before the store is opened (as the
+    worker's options are)."""
+    try:
+        seconds = lease(args.lease, "--lease")
+    except InvalidOptions as exc:
+        raise UsageError(f"{exc}; see alkstore run-schedules --help") from None
     store = open_store(args)
     stop = stop_on_signals()
     try:
         while not stop.stopped:
             try:
-                store.run_schedules(stop, lease=args.lease)
+                store.run_schedules(stop, lease=seconds)
             except LeadershipLost as exc:
                 log.warning("%s; waiting to lead again", exc)
     finally:

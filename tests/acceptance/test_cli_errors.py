@@ -139,11 +139,16 @@ def test_a_closed_stdout_ends_quietly_with_141(sqlite_db: Target, tmp_path: Path
         (["worker", "builtins:repr", "-q", "a", "-c", "0"], "--concurrency"),
         (["worker", "builtins:repr", "-q", "a", "--batch-size", "0"], "--batch-size"),
         (["worker", "builtins:repr", "-q", "a", "--worker-id", ""], "--worker-id"),
+        # run-schedules' lease the same (was "InvalidOptions: lease must be >= 0.001", raised
+        # by run_schedules() once the store was open and the signal handlers installed)
+        (["run-schedules", "--lease", "0"], "--lease"),
+        (["run-schedules", "--lease", "0.0005"], "--lease"),
+        (["run-schedules", "--lease", "nan"], "--lease"),
     ],
     ids=lambda v: "-".join(v) if isinstance(v, list) else None,
 )
 def test_usage_errors_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, argv: list[str], says: str) -> None:
-    db_args = ["--url", sqlite_db.url] if argv and argv[0] in ("status", "worker", "dead", "migrate") and argv[1:2] != ["show"] else []
+    db_args = ["--url", sqlite_db.url] if argv and argv[0] in ("status", "worker", "dead", "migrate", "run-schedules") and argv[1:2] != ["show"] else []
     line = one_line_failure(alkstore(*argv, *db_args, cwd=tmp_path), 2)
     assert says in line and "--help" in line, line
 
