@@ -12,6 +12,7 @@ task that never asks does not pay for it.
 
 from __future__ import annotations
 
+import contextlib
 from contextvars import ContextVar, Token
 from typing import Protocol
 
@@ -51,5 +52,8 @@ class running:
 
     def __exit__(self, *exc_info: object) -> None:
         if self._token is not None:
-            _job.reset(self._token)
-            self._token = None
+            token, self._token = self._token, None
+            # ValueError: exited in another context than it was entered — the coroutine of an
+            # asyncio task dropped at shutdown, closed when collected; that context is gone
+            with contextlib.suppress(ValueError):
+                _job.reset(token)

@@ -163,5 +163,9 @@ async def _cancel_all(timeout: float) -> int:
     pending: set[asyncio.Task[Any]] = set()
     if tasks:
         _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for t in pending:
+        # dropped (close() says so once): asyncio's "Task was destroyed but it is pending!"
+        # when it is collected, at exit, would only repeat that as an error
+        t._log_destroy_pending = False  # type: ignore[attr-defined]
     await asyncio.get_running_loop().shutdown_asyncgens()
     return len(pending)

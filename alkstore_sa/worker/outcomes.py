@@ -132,14 +132,16 @@ def outcome_of(work: Work) -> Outcome:
 async def aoutcome_of(work: Work) -> Outcome:
     """Await an ``async def`` handler or task (in its own asyncio task on the worker's loop)
     and map what it did to an Outcome. ``CancelledError`` is not an outcome: it propagates
-    to the runner, which knows whether the worker cancelled it."""
+    to the runner, which knows whether the worker cancelled it. Nor is ``GeneratorExit``:
+    the coroutine is being closed — a task dropped at shutdown for ignoring its cancellation,
+    collected once the worker's loop is gone — and nothing may be recorded for it."""
     call = work.call
     assert call is not None  # set for every Work that is run
     started = time.perf_counter()
     try:
         with running(work.handle):  # set in this asyncio task's own context
             result = await call()
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - anything else the handler raises is an outcome
         return _raised(work, exc)

@@ -166,6 +166,8 @@ class Runner:
                 outcome = None
             else:
                 outcome = Outcome("retry", f"{w.what} was cancelled")
+        except GeneratorExit:
+            raise  # a task dropped at shutdown, closed when collected: its claim lapses (loop.py)
         except BaseException:  # noqa: BLE001 - keep the slot count true; the claim will lapse
             log.exception("job %s: the event loop caught an unexpected error; its claim will lapse", w.handle.id)
             outcome = None

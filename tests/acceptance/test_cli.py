@@ -25,7 +25,7 @@ import sqlalchemy as sa
 import alkstore_sa as alk
 from alkstore_sa import migrations
 from tests.conftest import ENGINES, require_pg
-from tests.support import PG_URL, deepest_accepted, new_pg_schema
+from tests.support import PG_URL, deepest_accepted, new_pg_schema, wait_for
 
 ALKSTORE = Path(sys.executable).with_name("alkstore")
 STARTUP = 60.0  # a fresh interpreter imports SQLAlchemy (and psycopg) first
@@ -710,3 +710,55 @@ def test_every_option_of_every_command_says_what_it_is_and_its_default() -> None
             if not action.help or (numeric_default and "default" not in action.help):
                 unexplained.append(f"{parser.prog} {action.option_strings[0]}")
     assert unexplained == []
+
+
+STUBBORN = textwrap.dedent(
+    """
+    import asyncio, os
+    from pathlib import Path
+
+    async def handle(job):
+        Path(os.environ["ALK_TEST_MARKS"], "started").write_text("")
+        while True:  # ignores the cancellation at shutdown
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+    """
+)
+
+
+def test_an_async_job_that_ignores_cancellation_is_dropped_quietly_at_exit(cli: Cli) -> None:
+    """An ``async def`` job still running after the grace period is cancelled; one that
+    ignores the cancellation is dropped (one warning says so). Its coroutine was then closed
+    when the interpreter exited — and the worker's wrapper took that GeneratorExit for an
+    outcome: "job N raised ValueError: <Token ...> was created in a different Context" (the
+    current-job variable reset outside the task), "the event loop caught an unexpected error",
+    asyncio's "Task was destroyed but it is pending!", and a retry recorded for a job whose
+    claim was meant to lapse. Now it goes quietly: the claim is left as it was."""
+    s = cli.install()
+    q = s.queue("stubborn")
+    job_id = q.enqueue("x")
+    (cli.tmp / "stubborn_jobs.py").write_text(STUBBORN)
+    marks = cli.tmp / "marks"
+    marks.mkdir()
+    proc = subprocess.Popen(
+        [str(ALKSTORE), "worker", "stubborn_jobs:handle", "--queue", "stubborn", "--grace", "0", *cli.db_args],
+        cwd=cli.tmp, env=cli.env(ALK_TEST_MARKS=str(marks), PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: (marks / "started").exists() or proc.poll() is not None, "the job to start", timeout=STARTUP)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "ignored cancellation at shutdown and were dropped" in err, err
+    for noise in ("Traceback", "raised", "unexpected error", "Task was destroyed"):
+        assert noise not in err, err
+    job = q.get_job(job_id)
+    assert job is not None and job.state == "processing" and job.errors == [], job  # its claim lapses
