@@ -505,6 +505,8 @@ class PgHub:
         retry, missed = PROBE_RETRY, 0
         while True:
             self._probe_ready.wait()  # a connection LISTENs on the probe channel (or closed)
+            if self.listen_works is not None:
+                return  # a direct reconnection gave the verdict (and LISTENs on no probe channel)
             generation = self._generation
             if not self._probe_ready.is_set():
                 continue  # lost meanwhile: that generation may be the next, not yet LISTENing
@@ -532,14 +534,18 @@ class PgHub:
                 continue
             missed += 1
             if missed == PROBE_ROUNDS:  # each round's notification, sent anew, missed its bound
-                self._verdict(False)
-                log.warning(_PROBE_WARNING, PROBE_ROUNDS, PROBE_TIMEOUT)
+                if self._verdict(False):
+                    log.warning(_PROBE_WARNING, PROBE_ROUNDS, PROBE_TIMEOUT)
                 return
 
-    def _verdict(self, works: bool) -> None:
+    def _verdict(self, works: bool) -> bool:
         """Record whether LISTEN works here; the presences asked for meanwhile are taken
-        now, or dropped (no wake would come through a transaction pooler)."""
+        now, or dropped (no wake would come through a transaction pooler). The first verdict
+        stands: a probe still running when a direct reconnection gave one (that connection
+        LISTENs on no probe channel) would otherwise rule against it. Whether it recorded."""
         with self._state:
+            if self.listen_works is not None:
+                return False
             self.listen_works, self._probe = works, "done"
             deferred, self._deferred = self._deferred, set()
             if not works:
@@ -547,3 +553,4 @@ class PgHub:
         if works:
             for key in deferred:
                 self._send("hold", key)
+        return True

@@ -348,3 +348,46 @@ def test_a_probe_spanning_a_reconnection_reaches_a_verdict(pg: Target, not_direc
     finally:
         store.close()
         engine.dispose()
+
+
+def test_a_verdict_at_a_direct_reconnection_is_not_overruled_by_the_probe(
+    pg: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first connection could not be shown direct, so the round-trip probe ran; the
+    connection was lost and the new one was direct: its verdict "LISTEN works" came at
+    connect, and the new connection no longer LISTENs on the probe channel. The probe went
+    on sending notifications nothing could receive, missed PROBE_ROUNDS of them and ruled
+    "LISTEN does not work" over that verdict: no presence, no LISTEN, no wakes from then on."""
+    monkeypatch.setattr(pg_listener, "PROBE_TIMEOUT", 0.2)
+    shown: list[bool] = []
+
+    def direct_after_the_first(self: Any, timeout: float) -> bool:
+        shown.append(bool(shown))
+        return shown[-1]
+
+    monkeypatch.setattr(pg_wire.ListenConnection, "reaches_server_directly", direct_after_the_first)
+    engine = sa.create_engine(PG_URL)
+    store = alk.Store(engine, schema=pg.schema)
+    killed: list[int] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def reconnect_first(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if "pg_notify" in statement and str(params.get("channel", "")).startswith("__alkstore_probe_") and not killed:
+            hub = store.hub()
+            pid, generation = hub.backend_pid, hub._generation
+            killed.append(pid)
+            pg.execute("SELECT pg_catalog.pg_terminate_backend(:pid)", pid=pid)
+            wait_for(lambda: hub._generation > generation and hub._probe_ready.is_set(), "the listener to reconnect")
+
+    try:
+        hub = store.hub()
+        wait_for(lambda: bool(killed) and hub.listen_works is True, "the direct reconnection's verdict")
+        probe = hub._probe_thread
+        assert probe is not None
+        probe.join(30)  # it ends in either case: at once, or after its rounds (about 1 s)
+        assert not probe.is_alive()
+        assert hub.listen_works is True
+        _presence_wakes(store, f"probe-direct-{uuid.uuid4().hex[:8]}")
+    finally:
+        store.close()
+        engine.dispose()
