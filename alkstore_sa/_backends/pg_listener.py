@@ -327,6 +327,10 @@ class PgHub:
 
     def _lost(self, exc: BaseException) -> None:
         self._probe_ready.clear()
+        if self._closed.is_set():
+            # close() set it (after setting _closed) for a probe waiting on it, maybe just
+            # before this clear: it stays set, or that probe waits for good
+            self._probe_ready.set()
         self._drop()
         with self._state:
             self._active.clear()

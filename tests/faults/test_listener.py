@@ -391,3 +391,21 @@ def test_a_verdict_at_a_direct_reconnection_is_not_overruled_by_the_probe(
     finally:
         store.close()
         engine.dispose()
+
+
+def test_a_connection_lost_as_the_hub_closes_leaves_no_probe_waiting(pg: Target, not_direct: None) -> None:
+    """close() sets the probe's "a connection LISTENs" event so that a probe waiting on it
+    ends; the listener thread, finding its connection gone at that moment (it had checked
+    for close just before), cleared the event again in ``_lost``: the probe thread then
+    waited for good, and close() sat out its 5 s join. (The listener thread's late
+    ``_lost`` is called here directly, after close(), where the race puts it.)"""
+    engine = sa.create_engine(PG_URL)
+    store = alk.Store(engine, schema=pg.schema)
+    try:
+        hub = store.hub()
+        store.close()
+        hub._lost(ConnectionError("the connection went as the hub closed"))
+        assert hub._probe_ready.is_set()
+    finally:
+        store.close()
+        engine.dispose()
