@@ -125,16 +125,21 @@ def duration(value: object, what: str, *, minimum: float = 0.0) -> float:
 MIN_LEASE = 0.001
 
 
-def lease(value: object, what: str) -> float:
-    """A lease duration or a rate window: seconds or a timedelta, at least MIN_LEASE, at
-    most 100 years."""
+def _millisecond_or_more(value: object, what: str, why: str) -> float:
+    """Seconds or a timedelta, at least MIN_LEASE (timestamps have millisecond precision:
+    ``why`` a shorter span is refused), at most 100 years."""
     f = duration(value, what, minimum=-math.inf)
     if f < MIN_LEASE:
         raise InvalidOptions(
-            f"{what} must be >= {MIN_LEASE:g} (timestamps have millisecond precision: a shorter "
-            f"span cannot be measured), got {f!r}"
+            f"{what} must be >= {MIN_LEASE:g} (timestamps have millisecond precision: {why}), got {f!r}"
         )
     return f
+
+
+def lease(value: object, what: str) -> float:
+    """A lease duration or a rate window: seconds or a timedelta, at least MIN_LEASE, at
+    most 100 years."""
+    return _millisecond_or_more(value, what, "a shorter span cannot be measured")
 
 
 def optional_lease(value: object, what: str) -> float | None:
@@ -147,13 +152,7 @@ def interval(value: object, what: str) -> float:
     """How often a loop looks again (a poll interval, the worker registry's refresh): seconds
     or a timedelta, at least MIN_LEASE, at most 100 years. Its deadlines are timestamps of
     millisecond precision too, and a shorter interval is a busy loop against the database."""
-    f = duration(value, what, minimum=-math.inf)
-    if f < MIN_LEASE:
-        raise InvalidOptions(
-            f"{what} must be >= {MIN_LEASE:g} (timestamps have millisecond precision: a shorter "
-            f"interval would query the database in a busy loop), got {f!r}"
-        )
-    return f
+    return _millisecond_or_more(value, what, "a shorter interval would query the database in a busy loop")
 
 
 def optional_duration(value: object, what: str, **kw: Any) -> float | None:

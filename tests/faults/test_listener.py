@@ -325,12 +325,10 @@ def test_a_probe_that_could_not_notify_tries_again(
         engine.dispose()
 
 
-def test_a_probe_spanning_a_reconnection_reaches_a_verdict(pg: Target, not_direct: None) -> None:
-    """The listener's connection was lost while its probe was in flight: the new connection
-    did not LISTEN on the probe channel, the probe gave up, and the verdict stayed open
-    for good — and a presence waits for the verdict."""
-    engine = sa.create_engine(PG_URL)
-    store = alk.Store(engine, schema=pg.schema)
+def _reconnect_at_the_first_probe(engine: sa.Engine, store: alk.Store, pg: Target) -> list[int]:
+    """End the listener's connection as the first probe notification is sent through
+    ``engine``, and wait for the listener to reconnect; the backend ended is listed in
+    the list returned (empty until then)."""
     killed: list[int] = []
 
     @sa.event.listens_for(engine, "before_cursor_execute")
@@ -341,6 +339,17 @@ def test_a_probe_spanning_a_reconnection_reaches_a_verdict(pg: Target, not_direc
             killed.append(pid)
             pg.execute("SELECT pg_catalog.pg_terminate_backend(:pid)", pid=pid)
             wait_for(lambda: hub._generation > generation and hub._probe_ready.is_set(), "the listener to reconnect")
+
+    return killed
+
+
+def test_a_probe_spanning_a_reconnection_reaches_a_verdict(pg: Target, not_direct: None) -> None:
+    """The listener's connection was lost while its probe was in flight: the new connection
+    did not LISTEN on the probe channel, the probe gave up, and the verdict stayed open
+    for good — and a presence waits for the verdict."""
+    engine = sa.create_engine(PG_URL)
+    store = alk.Store(engine, schema=pg.schema)
+    killed = _reconnect_at_the_first_probe(engine, store, pg)
 
     try:
         _presence_wakes(store, f"probe-reconnect-{uuid.uuid4().hex[:8]}")
@@ -368,16 +377,7 @@ def test_a_verdict_at_a_direct_reconnection_is_not_overruled_by_the_probe(
     monkeypatch.setattr(pg_wire.ListenConnection, "reaches_server_directly", direct_after_the_first)
     engine = sa.create_engine(PG_URL)
     store = alk.Store(engine, schema=pg.schema)
-    killed: list[int] = []
-
-    @sa.event.listens_for(engine, "before_cursor_execute")
-    def reconnect_first(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
-        if "pg_notify" in statement and str(params.get("channel", "")).startswith("__alkstore_probe_") and not killed:
-            hub = store.hub()
-            pid, generation = hub.backend_pid, hub._generation
-            killed.append(pid)
-            pg.execute("SELECT pg_catalog.pg_terminate_backend(:pid)", pid=pid)
-            wait_for(lambda: hub._generation > generation and hub._probe_ready.is_set(), "the listener to reconnect")
+    killed = _reconnect_at_the_first_probe(engine, store, pg)
 
     try:
         hub = store.hub()
