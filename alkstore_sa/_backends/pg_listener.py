@@ -101,7 +101,6 @@ class PgHub:
         self._conn: ListenConnection | None = None
         self._generation = 0  # connections made so far: a probe spanning a reconnect proves nothing
         self._probe_key = "__alkstore_probe_" + uuid.uuid4().hex
-        self._probe = "pending"  # pending → running → done (the verdict: listen_works)
         self._probe_seen = threading.Event()
         # set while the live connection LISTENs on the probe channel (from the end of its
         # connect until it is lost): only then can a probe's notification arrive
@@ -310,7 +309,7 @@ class PgHub:
             # ours, known now rather than after a round trip whose notification a loaded
             # machine may hold up past the probe's bound (no probe: it could only be wrong)
             self._verdict(True)
-        probe = self.listen_works is None and self._probe == "pending"  # its probe runs until a verdict
+        probe = self.listen_works is None and self._probe_thread is None  # one probe, run until a verdict
         if self.listen_works is None:  # first, so the last query shown is a real LISTEN
             self._execute("LISTEN", self._probe_key)  # also for a probe running since the last connection
         for key in self.fanout.channel_keys():
@@ -320,7 +319,6 @@ class PgHub:
             self.fanout.dispatch(key, 0, "")
         self._probe_ready.set()
         if probe:
-            self._probe = "running"
             self._probe_thread = threading.Thread(target=self._run_probe, name="alkstore-listen-probe", daemon=True)
             self._probe_thread.start()
         return conn
@@ -528,7 +526,6 @@ class PgHub:
                 continue
             arrived = self._probe_seen.wait(PROBE_TIMEOUT)
             if self._closed.is_set():
-                self._probe = "done"
                 return
             if arrived:
                 self._verdict(True)
@@ -550,7 +547,7 @@ class PgHub:
         with self._state:
             if self.listen_works is not None:
                 return False
-            self.listen_works, self._probe = works, "done"
+            self.listen_works = works
             deferred, self._deferred = self._deferred, set()
             if not works:
                 self._asked -= deferred
