@@ -57,17 +57,19 @@ class RawExecutor:
 
 
 class _Transaction:
-    """BEGIN on enter; COMMIT on a clean exit, ROLLBACK on an error (which propagates)."""
+    """BEGIN on enter; COMMIT on a clean exit, ROLLBACK on an error (which propagates).
+    ``saved``: what ``prepare_connection`` returned for the connection, if it prepared it."""
 
-    __slots__ = ("_conn", "_backend")
+    __slots__ = ("_conn", "_backend", "_saved")
 
-    def __init__(self, dbapi_conn: Any, backend: Backend) -> None:
+    def __init__(self, dbapi_conn: Any, backend: Backend, saved: Any = None) -> None:
         self._conn = dbapi_conn
         self._backend = backend
+        self._saved = saved
 
     def __enter__(self) -> None:
         try:
-            self._backend.begin(self._conn)
+            self._backend.begin(self._conn, self._saved)
         except Exception as exc:
             raise self._backend.translate_error(exc) from exc
 
@@ -399,12 +401,12 @@ class Lease:
         disconnect; else raise ``exc`` as an alkstore error."""
         held, backend = self._held, self._cache.backend
         assert held is not None
-        if not self._in_tx and backend.waits_for_lock(exc, held.dbapi):
+        if not self._in_tx and backend.waits_for_lock(exc, held.saved):
             run = held.execute
             try:
                 if fetch:
-                    return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).fetchall(), exc)
-                return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).rowcount, exc)
+                    return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).fetchall(), exc, held.saved)
+                return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).rowcount, exc, held.saved)
             except Exception as again:
                 raise backend.translate_error(again) from again
         if not self._retry or self._in_tx or not backend.is_disconnect(exc, held.dbapi):
@@ -440,7 +442,7 @@ class _LeaseTransaction:
         self._lease = lease
         held = lease._held
         assert held is not None
-        self._tx = _Transaction(held.dbapi, lease._cache.backend)
+        self._tx = _Transaction(held.dbapi, lease._cache.backend, held.saved)
 
     def __enter__(self) -> None:
         self._tx.__enter__()

@@ -78,23 +78,20 @@ def wait_there(dbapi_conn: Any, timeout: int) -> None:
     _rows(dbapi_conn, f"PRAGMA busy_timeout = {int(timeout)}")
 
 
-def waits_here(exc: BaseException, dbapi_conn: Any) -> bool:
+def waits_here(exc: BaseException, timeout: int | None) -> bool:
     """Whether ``exc`` says the write lock was taken, on a connection that waits for it in
-    :func:`wait_for_lock` (its busy timeout is 0: :func:`wait_here`)."""
-    if not is_busy(exc):
-        return False
-    try:
-        ((timeout,),) = _rows(dbapi_conn, "PRAGMA busy_timeout")
-    except sqlite3.Error:
-        return False
-    return int(timeout) == 0
+    :func:`wait_for_lock`: one :func:`wait_here` prepared, which returned ``timeout`` (not
+    None)."""
+    return timeout is not None and is_busy(exc)
 
 
-def wait_for_lock(dbapi_conn: Any, attempt: Callable[[], _T], busy: BaseException) -> _T:
+def wait_for_lock(dbapi_conn: Any, attempt: Callable[[], _T], busy: BaseException, timeout: int) -> _T:
     """Try ``attempt`` (a ``BEGIN IMMEDIATE``, or a statement outside any transaction, on
     ``dbapi_conn``, that just failed with ``busy`` because another connection holds the
-    write lock) again until it runs, for up to the busy timeout; then raise the last busy
-    error, as SQLite's own busy handler would.
+    write lock) again until it runs, for up to ``timeout`` ms — the busy timeout the
+    connection had before :func:`wait_here` (the store's, or one the application set after
+    it) — then raise the last busy error, as SQLite's own busy handler would, saying how
+    long it waited (:func:`waited_ms`).
 
     Why not SQLite's busy handler: it is not fair. A waiter sleeps 1, 2, 5, 10, ... up to
     100 ms between tries, and a process that writes in a loop takes the lock again
@@ -112,11 +109,12 @@ def wait_for_lock(dbapi_conn: Any, attempt: Callable[[], _T], busy: BaseExceptio
     for: in a rollback-journal mode a transaction's statements and its COMMIT may wait for
     readers too, and there SQLite's handler keeps doing all the waiting."""
     started = time.monotonic()
-    deadline = started + BUSY_TIMEOUT_MS / 1000
+    deadline = started + timeout / 1000
     version, last_commit = _data_version(dbapi_conn), started
     while True:
         now = time.monotonic()
         if now >= deadline:
+            setattr(busy, _WAITED, timeout)
             raise busy
         bound = _pause_bound(now - started, now - last_commit)
         time.sleep(min(deadline - now, random.uniform(0, bound)))
@@ -129,6 +127,16 @@ def wait_for_lock(dbapi_conn: Any, attempt: Callable[[], _T], busy: BaseExceptio
         seen = _data_version(dbapi_conn)
         if seen != version:
             version, last_commit = seen, time.monotonic()
+
+
+_WAITED = "alkstore_waited_ms"  # set on the busy error wait_for_lock gave up with
+
+
+def waited_ms(exc: BaseException) -> int:
+    """How long the store waited for the write lock before ``exc`` (a busy error) was
+    raised: what :func:`wait_for_lock` waited, else the busy timeout the store sets (SQLite's
+    handler waited)."""
+    return int(getattr(exc, _WAITED, BUSY_TIMEOUT_MS))
 
 
 def _pause_bound(waited: float, quiet: float) -> float:

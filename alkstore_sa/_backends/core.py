@@ -149,7 +149,9 @@ class Core(abc.ABC):
     # A write transaction on one of the store's own (autocommit) connections.
     BEGIN = "BEGIN"
 
-    def begin(self, dbapi_conn: Any) -> None:
+    def begin(self, dbapi_conn: Any, saved: Any = None) -> None:
+        """BEGIN on one of the store's own connections (``saved``: what ``prepare_connection``
+        returned for it; None on a connection it did not prepare)."""
         dbapi_conn.execute(self.BEGIN)
 
     def commit(self, dbapi_conn: Any) -> None:
@@ -162,14 +164,15 @@ class Core(abc.ABC):
         """Whether ``exc`` (raised using ``dbapi_conn``) means the connection is gone."""
         return False
 
-    def waits_for_lock(self, exc: BaseException, dbapi_conn: Any) -> bool:
+    def waits_for_lock(self, exc: BaseException, saved: Any) -> bool:
         """Whether ``exc``, raised by a statement outside any transaction on one of the
-        store's own connections, says a lock it needs is taken, and the store (not the
-        driver) waits for it there: ``wait_for_lock`` runs the statement again. (SQLite in
-        WAL mode: see _sqlite.wait_for_lock.)"""
+        store's own connections (``saved``: what ``prepare_connection`` returned for it),
+        says a lock it needs is taken, and the store (not the driver) waits for it there:
+        ``wait_for_lock`` runs the statement again. (SQLite in WAL mode: see
+        _sqlite.wait_for_lock.)"""
         return False
 
-    def wait_for_lock(self, dbapi_conn: Any, attempt: Callable[[], T], busy: BaseException) -> T:
+    def wait_for_lock(self, dbapi_conn: Any, attempt: Callable[[], T], busy: BaseException, saved: Any) -> T:
         """``attempt()``'s result (a statement on ``dbapi_conn``) once the lock ``busy``
         said was taken is free (see ``waits_for_lock``); the last such error if it stays
         taken too long."""

@@ -146,7 +146,7 @@ class SQLiteBackend(Backend):
         if isinstance(orig, sqlite3.OperationalError) and getattr(orig, "sqlite_errorcode", None) == _sqlite.SQLITE_BUSY:
             err.args = (
                 f"{err.args[0]} (another connection held the database's one write lock past the "
-                f"busy timeout, {_sqlite.BUSY_TIMEOUT_MS / 1000:g} s: a long transaction in another "
+                f"busy timeout, {_sqlite.waited_ms(orig) / 1000:g} s: a long transaction in another "
                 "process — or one of your own still open on this thread, which cannot commit "
                 "before this call returns: inside your transaction, write with "
                 "alk.enqueue(session, ...) and the other forms that take it)",
@@ -185,19 +185,19 @@ class SQLiteBackend(Backend):
         if timeout is not None:
             _sqlite.wait_there(dbapi_conn, timeout)
 
-    def begin(self, dbapi_conn: Any) -> None:
+    def begin(self, dbapi_conn: Any, saved: Any = None) -> None:
         try:
             dbapi_conn.execute(self.BEGIN)
         except sqlite3.OperationalError as exc:
-            if not _sqlite.waits_here(exc, dbapi_conn):
+            if not self.waits_for_lock(exc, saved):
                 raise
-            _sqlite.wait_for_lock(dbapi_conn, lambda: dbapi_conn.execute(self.BEGIN), exc)
+            self.wait_for_lock(dbapi_conn, lambda: dbapi_conn.execute(self.BEGIN), exc, saved)
 
-    def waits_for_lock(self, exc: BaseException, dbapi_conn: Any) -> bool:
-        return _sqlite.waits_here(exc, dbapi_conn)
+    def waits_for_lock(self, exc: BaseException, saved: Any) -> bool:
+        return saved is not None and _sqlite.waits_here(exc, saved[2])
 
-    def wait_for_lock(self, dbapi_conn: Any, attempt: Callable[[], T], busy: BaseException) -> T:
-        return _sqlite.wait_for_lock(dbapi_conn, attempt, busy)
+    def wait_for_lock(self, dbapi_conn: Any, attempt: Callable[[], T], busy: BaseException, saved: Any) -> T:
+        return _sqlite.wait_for_lock(dbapi_conn, attempt, busy, saved[2])
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
         # a file database cannot be cut off; only a closed connection is gone

@@ -270,3 +270,36 @@ def test_waiting_out_the_busy_timeout_says_who_may_hold_the_lock(tmp_path: Path,
     finally:
         store.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("operation", ["enqueue", "claim"])
+def test_the_store_waits_for_the_lock_as_long_as_the_application_set(tmp_path: Path, operation: str) -> None:
+    """An application that sets its own busy timeout on its engine's connections (a
+    ``connect`` hook registered after creating the Store, as install.md says for
+    ``synchronous``) — 0.2 s, say, so that a web request fails fast — gets that bound on the
+    store's own operations too: a lone statement (``q.enqueue``) and a ``BEGIN IMMEDIATE``
+    (``claim_batch``) alike, and the error names it. Nothing is written."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    store = alk.Store(engine)
+    try:
+        store.install()
+        sa.event.listen(engine, "connect", lambda dbapi, _rec: dbapi.execute("PRAGMA busy_timeout = 200"))
+        engine.dispose()  # every connection from now on has the application's setting
+        q = store.queue("emails")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        with engine.connect() as app:
+            assert app.exec_driver_sql("PRAGMA busy_timeout").scalar() == 200
+            app.exec_driver_sql("INSERT INTO orders DEFAULT VALUES")  # holds the write lock
+            started = time.monotonic()
+            with pytest.raises(alk.DatabaseError, match=r"database is locked.*busy timeout, 0\.2 s"):
+                q.enqueue({"order": 1}) if operation == "enqueue" else q.claim_batch("w", 1)
+            waited = time.monotonic() - started
+            app.rollback()
+        assert waited < 30, f"waited {waited:.1f} s: the store's own 60 s, not the application's 0.2 s"
+        assert q.stats().pending == 0
+        with engine.connect() as c:  # the connection went back to the pool with its own setting
+            assert c.exec_driver_sql("PRAGMA busy_timeout").scalar() == 200
+    finally:
+        store.close()
+        engine.dispose()
