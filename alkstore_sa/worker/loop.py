@@ -21,6 +21,7 @@ import concurrent.futures
 import concurrent.futures.thread
 import contextvars
 import logging
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any
@@ -28,13 +29,18 @@ from typing import Any
 log = logging.getLogger("alkstore_sa")
 
 UNWIND_TIMEOUT = 5.0  # seconds cancelled coroutines get to finish at close
+_DEFAULT_CALLS = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default size
 
 
 class EventLoopThread:
     """One event loop running forever on a daemon thread until ``close()``."""
 
-    def __init__(self, name: str = "alkstore-loop") -> None:
+    def __init__(self, name: str = "alkstore-loop", calls: int | None = None) -> None:
         self.name = name
+        # threads of the default executor (``asyncio.to_thread``): at least one per job in
+        # flight, so a blocking call handed off by each of them runs at once (asyncio's
+        # default, min(32, CPUs + 4), would hold the jobs past it back); None: that default
+        self._calls = None if calls is None else max(calls, _DEFAULT_CALLS)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._running: set[asyncio.Task[Any]] = set()  # tasks of submit_all (_spawn)
@@ -66,7 +72,7 @@ class EventLoopThread:
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
-        loop.set_default_executor(_CallThreads(thread_name_prefix=f"{self.name}-call"))
+        loop.set_default_executor(_CallThreads(self._calls, thread_name_prefix=f"{self.name}-call"))
         ready = threading.Event()
 
         def run() -> None:

@@ -89,7 +89,7 @@ class Runner:
         self._queued = 0  # items ever put
         self._taken = 0  # items ever taken
         self.ticks = 0  # the watcher's ticks so far (tests: an idle worker costs none)
-        self._loop = EventLoopThread()
+        self._loop = EventLoopThread(calls=concurrency)  # a to_thread call for each job in flight
         # each job runs in a copy of the context the runner was made in (run()'s caller's):
         # context variables a job sets (a log field bound, a tenant id) end with it, on the
         # thread or the loop that runs the next job alike

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import sys
 import threading
 import time
@@ -577,6 +578,26 @@ def test_a_payload_nested_as_deep_as_enqueue_accepts_runs_and_the_worker_runs_on
 
 
 # -- async tasks and handlers on the worker's event loop --------------------------------------
+
+
+def test_every_async_task_in_flight_gets_a_thread_for_its_to_thread_call(store: alk.Store, qname: str) -> None:
+    """``concurrency`` async tasks that each hand a blocking call to ``asyncio.to_thread``
+    (as the docs tell them to) all run those calls at once: the loop's default executor has
+    a thread for every job in flight, not asyncio's default of ``min(32, CPUs + 4)``, which
+    held the jobs past it back until others finished."""
+    concurrency = min(32, (os.cpu_count() or 1) + 4) + 2  # past asyncio's default pool size
+    tasks = alk.Tasks()
+    all_in = threading.Barrier(concurrency, timeout=2 * WAIT)  # broken if they never meet
+
+    @tasks.task(queue=qname, name="blocking")
+    async def blocking(n: int) -> None:
+        await asyncio.to_thread(all_in.wait)
+
+    ids = [blocking.enqueue(store, n) for n in range(concurrency)]
+    with running(alk.Worker(store, tasks, concurrency=concurrency, poll_interval=0.2)) as r:
+        wait_for(lambda: all(_job(store, qname, i) is None for i in ids), "the acks", timeout=3 * WAIT)
+        r.stop_and_join()
+    assert not all_in.broken, "the to_thread calls of the jobs in flight could not all run at once"
 
 
 def test_async_tasks_run_concurrently_on_one_loop_the_worker_owns(store: alk.Store, qname: str) -> None:
