@@ -67,6 +67,31 @@ def _section(title: str) -> str:
     return API[start:] if end < 0 else API[start:end]
 
 
+HANDLE_SECTIONS: dict[str, Any] = {
+    "Store": lambda store: store, "Queue": lambda store: store.queue("q"),
+    "Outbox": lambda store: store.outbox("o"), "Lock": lambda store: store.lock("l"),
+    "Stream": lambda store: store.stream("s"), "Subscription": lambda store: store.listen("c"),
+    "Worker": lambda store: alk.Worker(store, "q", lambda job: None),
+    "Tasks": lambda store: alk.Tasks().task(queue="q", name="t")(lambda: None),
+}
+
+
+@pytest.mark.parametrize("section", sorted(HANDLE_SECTIONS))
+def test_every_public_attribute_of_a_handle_is_in_its_section(section: str, tmp_path: Path) -> None:
+    """Handles carry public attributes besides their methods (``q.name``, ``q.opts``,
+    ``store.schema``, ``worker.poll_interval``): the reference names each in the section of
+    its class, so none is public by accident or missing from the reference."""
+    store = alk.Store(f"sqlite:///{tmp_path / 'attrs.db'}")
+    try:
+        store.install()
+        handle = HANDLE_SECTIONS[section](store)
+        text = _section(section)
+        missing = [a for a in vars(handle) if not a.startswith("_") and f"`{a}`" not in text]
+        assert not missing, f"{section}: attributes {missing} are not in its section of docs/api.md"
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("bad", ["", "x" * 64, "a\x00b", None, 5], ids=repr)
 def test_the_reference_names_the_error_a_bad_schema_raises(bad: object) -> None:
     """A schema is an option (SPEC §3 lists it among no names): InvalidOptions, as the CLI
