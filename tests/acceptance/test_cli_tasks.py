@@ -147,9 +147,11 @@ NEVER = threading.Event()
 
 @tasks.task(queue="pooled-q")
 def pooled(n):
-    (HERE / f"started-{n}").touch()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the task's own pool; its calls never return
-        list(pool.map(lambda _: NEVER.wait(), range(2)))
+        calls = [pool.submit(NEVER.wait) for _ in range(2)]  # each submit starts its thread
+        (HERE / f"started-{n}").touch()  # only now: the threads exist when the test stops the worker
+        for call in calls:
+            call.result()
 '''
 
 
