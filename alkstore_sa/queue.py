@@ -253,7 +253,7 @@ class Queue:
         if unique and not (v.in_int64(min(unique)) and v.in_int64(max(unique))):
             unique = {i for i in unique if v.in_int64(i)}
         wanted = sorted(unique)
-        claims = dict(sorted((h.id, h._attempts) for h in handles))
+        claims = dict(sorted(h._claim for h in handles))
         landed = 0
         # Retried once after a disconnect (see JobHandle): a repeat deletes nothing more.
         with self.store.executor(retry=True) as ex:
@@ -447,7 +447,7 @@ def ack_claims(store: Store, handles: list[JobHandle], queue: str | None) -> set
 
 
 def _ack_params(store: Store, handles: list[JobHandle], queue: str | None) -> dict[str, Any]:
-    claims = sorted({(h.id, h._attempts) for h in handles})
+    claims = sorted({h._claim for h in handles})
     return {"queue": queue, "ids": [c[0] for c in claims], "attempts": [c[1] for c in claims], "now": store.now()}
 
 
@@ -467,7 +467,7 @@ class JobHandle:
     the job would run again after its visibility timeout.
     """
 
-    __slots__ = ("_queue", "_row", "_job", "_payload", "_consumed")
+    __slots__ = ("_queue", "_row", "_job", "_payload", "_consumed", "_claim")
 
     def __init__(self, queue: Queue, row: tuple[Any, ...] | Job) -> None:
         self._queue = queue
@@ -480,6 +480,9 @@ class JobHandle:
             self._job, self._row = None, row
         self._payload: Any = NO_PAYLOAD
         self._consumed = False
+        # (job id, attempt): this claim of the job, as batched acks and the worker's
+        # bookkeeping key it (read several times per job: an attribute, not a property)
+        self._claim: tuple[int, int] = (self._row[0], self._row[_ATTEMPTS])
 
     def __repr__(self) -> str:
         return f"<alkstore_sa.JobHandle id={self.id} queue={self._queue.name!r} attempt={self._attempts}>"

@@ -81,18 +81,21 @@ class Acker:
         max_batch: int,
         *,
         in_flight: Callable[[], int],
-        settling: Callable[[Work], bool],
+        settling: Callable[[list[Work]], list[bool]],
         finish: Callable[[Work, Outcome, Answer], None],
+        finish_landed: Callable[[list[Work]], None],
         release: Callable[[int, bool], None],
         max_delay: float | None = None,
     ) -> None:
         self.max_batch = max(1, max_batch)
         self.max_delay = MAX_DELAY if max_delay is None else max_delay
         self._in_flight = in_flight  # jobs holding a slot (those pending here included)
-        # its outcome is written from now on (no more heartbeats); False: a heartbeat of
-        # its claim was refused before, the claim is gone and its ack is not written
+        # for each work: its outcome is written from now on (no more heartbeats); False: a
+        # heartbeat of its claim was refused before, the claim is gone and its ack is not written
         self._settling = settling
         self._finish = finish  # records one job's outcome, given what its ack did
+        # records the acks of a batch that landed, together (each claim was settling: asked above)
+        self._finish_landed = finish_landed
         self._release = release  # frees this many slots at once (True: without nudging the claimer)
         # offers a batch to the claim for the slots it frees (``Ride``); None: never
         self.ride_with: Callable[[Ride], None] | None = None
@@ -231,7 +234,7 @@ class Acker:
         the claimer takes it along (``Ride``), else as one statement of its own — then
         record each job's outcome and free the batch's slots together."""
         works = [p.work for p in batch]
-        writing = [w for w in works if self._settling(w)]
+        writing = [w for w, live in zip(works, self._settling(works), strict=True) if live]
         ride_with = self.ride_with
         if writing and ride_with is not None:
             ride = Ride(self, works, writing)
@@ -249,14 +252,25 @@ class Acker:
         self._record(works, answers, claimed=False)
 
     def _record(self, works: list[Work], answers: dict[int, Answer], *, claimed: bool) -> None:
-        """Record each job's outcome given its ack's answer, then free the slots
-        (``claimed``: the claimer is already claiming for them)."""
+        """Record each job's outcome given its ack's answer — the acks that landed together
+        (the usual case), each of the others (a lost claim, a refusal, a failed write) on its
+        own — then free the slots (``claimed``: the claimer is already claiming for them)."""
         try:
+            landed = []
             for w in works:
+                answer = answers.get(id(w), _refused)
+                if answer is _landed:
+                    landed.append(w)
+                    continue
                 try:
-                    self._finish(w, ACK, answers.get(id(w), _refused))
+                    self._finish(w, ACK, answer)
                 except BaseException:  # noqa: BLE001 - one job's bookkeeping must not cost the others theirs
                     log.exception("job %s: recording its ack failed unexpectedly", w.handle.id)
+            if landed:
+                try:
+                    self._finish_landed(landed)
+                except BaseException:  # noqa: BLE001 - the slots must be freed whatever happens
+                    log.exception("recording a batch of %d acks failed unexpectedly", len(landed))
         finally:
             self._release(len(works), claimed)
 
@@ -314,7 +328,7 @@ def _alone_on_loop() -> bool:
 
 
 def _answers(works: list[Work], landed: set[tuple[int, int]]) -> dict[int, Answer]:
-    return {id(w): _landed if (w.handle.id, w.handle._attempts) in landed else _refused for w in works}
+    return {id(w): _landed if w.key in landed else _refused for w in works}
 
 
 def _landed(_h: JobHandle) -> bool:

@@ -18,7 +18,7 @@ from .._tracing import ExecutionSpan
 from ..model import Job
 from ..queue import JobHandle
 from ..tasks import NotATaskPayload, Tasks, UnknownTask
-from .heartbeater import ClaimKey, claim_key
+from .heartbeater import ClaimKey
 from .outcomes import Outcome, text_of
 
 log = logging.getLogger("alkstore_sa")
@@ -46,7 +46,7 @@ class Work:
         self.outcome = outcome  # known without running anything
         self.duration: float | None = None  # seconds the call ran (set by the runner; for metrics)
         self.span: ExecutionSpan | None = None  # alkstore_sa.tracing: this execution's span, when traced
-        self.key: ClaimKey = claim_key(handle)  # its claim, as the heartbeat roster knows it
+        self.key: ClaimKey = handle._claim  # its claim, as the heartbeat roster knows it
 
     @property
     def job(self) -> Job:
@@ -62,7 +62,8 @@ def is_async_callable(fn: object) -> bool:
 
 
 def job_context(h: JobHandle, worker_id: str) -> dict[str, Any]:
-    return {"queue": h._queue.name, "job_id": h.id, "attempt": h._attempts, "worker_id": worker_id}
+    job_id, attempt = h._claim
+    return {"queue": h._queue.name, "job_id": job_id, "attempt": attempt, "worker_id": worker_id}
 
 
 class HandlerDispatch:

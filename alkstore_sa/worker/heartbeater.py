@@ -24,7 +24,7 @@ RETRY_MIN, RETRY_MAX = 0.1, 1.0  # seconds: a failed heartbeat is retried after 
 
 
 def claim_key(h: JobHandle) -> ClaimKey:
-    return (h.id, h._attempts)
+    return h._claim
 
 
 @dataclass(slots=True)
@@ -69,7 +69,7 @@ class Heartbeater:
         with self._lock:
             for h in handles:
                 entry = _Entry(h, now + h._visibility_timeout / 3)
-                self._roster[claim_key(h)] = entry
+                self._roster[h._claim] = entry
                 first = min(first, entry.next_beat)
         if first < self._wake_at:
             self._nudge.set()  # a short visibility timeout: its first beat is due before that wake
@@ -91,6 +91,29 @@ class Heartbeater:
                 return False
             entry.settling = True
             return True
+
+    def settling_all(self, keys: list[ClaimKey]) -> list[bool]:
+        """``settling`` of each claim, under one lock (a batch of acks)."""
+        with self._lock:
+            roster = self._roster
+            out = []
+            for key in keys:
+                entry = roster.get(key)
+                if entry is None:
+                    out.append(True)
+                elif entry.lost:
+                    out.append(False)
+                else:
+                    entry.settling = True
+                    out.append(True)
+            return out
+
+    def remove_all(self, keys: list[ClaimKey]) -> None:
+        """``remove`` each claim, under one lock."""
+        with self._lock:
+            pop = self._roster.pop
+            for key in keys:
+                pop(key, None)
 
     def lost(self, key: ClaimKey) -> bool:
         """Whether a heartbeat of this claim was refused (the claim lapsed, was cancelled or

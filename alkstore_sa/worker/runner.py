@@ -300,7 +300,7 @@ class Runner:
             if self._items:
                 if called:
                     start = self._call_next()
-                elif not self._coming:
+                elif not self._coming and not self._watching:  # (checked here: once per job)
                     start = self._watch()
         if start is not None:
             start.start()

@@ -31,7 +31,7 @@ from .acker import Acker, Answer
 from .claimer import Claimer
 from .dispatch import Dispatch, HandlerDispatch, TaskDispatch, Work, job_context
 from .heartbeater import Heartbeater
-from .outcomes import Outcome, refused, settle
+from .outcomes import ACK, Outcome, refused, settle
 from .registry import Registration
 from .runner import Runner
 
@@ -192,8 +192,9 @@ class Worker:
         runner = self._runner = Runner(self.concurrency, self._finish, freed)
         # acks of jobs finishing together go out as one statement (acker.py)
         acker = Acker(
-            self.batch_size, in_flight=lambda: runner.busy, settling=lambda w: self._roster.settling(w.key),
-            finish=self._finish, release=runner.release,
+            self.batch_size, in_flight=lambda: runner.busy,
+            settling=lambda works: self._roster.settling_all([w.key for w in works]),
+            finish=self._finish, finish_landed=self._finish_landed, release=runner.release,
         )
         runner.defer = acker.add
 
@@ -324,6 +325,27 @@ class Worker:
                 self._claimer.finished(h._queue.name)  # room under a concurrency limit
             if w.span is not None:  # alkstore_sa.tracing: the execution's span ends here
                 w.span.end(outcome, landing)
+
+    def _finish_landed(self, works: list[Work]) -> None:
+        """Record the acks of a batch that landed (acker.py; it asked the roster first, so
+        each claim was live and settling): what ``_finish`` does for each, with one lock per
+        batch rather than three per job."""
+        try:
+            with self._count_lock:
+                self.processed += len(works)
+            debug = log.isEnabledFor(logging.DEBUG)
+            for w in works:
+                observe.finished(w.handle, observe.ACKED, w.duration)
+                if debug:
+                    log.debug("job %s: %s", w.handle.id, "ack", extra=w.context)  # as _finish words it
+        finally:
+            self._roster.remove_all([w.key for w in works])  # these claims only (see _finish)
+            claimer = self._claimer
+            for w in works:
+                if claimer is not None:
+                    claimer.finished(w.handle._queue.name)  # room under a concurrency limit
+                if w.span is not None:  # alkstore_sa.tracing: the execution's span ends here
+                    w.span.end(ACK, observe.ACKED)
 
 
 def _traced(tracer: _tracing.Tracer, works: list[Work]) -> None:
