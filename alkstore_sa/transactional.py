@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import UnboundExecutionError
+from sqlalchemy.exc import InvalidRequestError, UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.util.concurrency import in_greenlet
 
@@ -52,6 +52,8 @@ def connection_of(session: SessionLike, function: str = "enqueue", owner: str = 
         try:
             return session.connection()
         except Exception as exc:
+            if _is_concurrent_use(exc):
+                raise _concurrent_use(bind.dialect.is_async, session, function, owner) from exc
             # the session's own checkout or begin failed (server down, a pool with none to
             # spare, a transaction SQLAlchemy wants rolled back): an AlkstoreError as well
             raise backend_for(bind.dialect.name, DEFAULT_SCHEMA).translate_error(exc) from exc
@@ -61,6 +63,31 @@ def connection_of(session: SessionLike, function: str = "enqueue", owner: str = 
         )
     raise InvalidOptions(
         f"alk.{function} expected a Session, scoped_session or Connection, got {type(session).__name__}"
+    )
+
+
+def _is_concurrent_use(exc: Exception) -> bool:
+    """Whether ``exc`` is SQLAlchemy's refusal of a Session used by two operations at once
+    (its "illegal state change" family, code ``isce``: "This session is provisioning a new
+    connection; concurrent operations are not permitted", and the like)."""
+    return isinstance(exc, InvalidRequestError) and getattr(exc, "code", None) == "isce"
+
+
+def _concurrent_use(is_async: bool, session: object, function: str, owner: str) -> InvalidOptions:
+    """The error for a session another operation is using at this moment: ``asyncio.gather``
+    of two calls on one AsyncSession, or a Session shared by threads. Nothing was sent, so
+    the caller's transaction is as it was; the call is the caller's to make again, in turn."""
+    if is_async:
+        return InvalidOptions(
+            f"{owner}.a{function} got an AsyncSession already running another operation (as "
+            "asyncio.gather of two calls on one session does): an AsyncSession runs one "
+            "operation at a time — await the calls one after another, or give each task its "
+            "own AsyncSession. Nothing was written by this call"
+        )
+    return InvalidOptions(
+        f"{owner}.{function} got a {type(session).__name__} already running another operation "
+        "(in another thread): a Session runs one operation at a time — give each thread its "
+        "own Session (a scoped_session does). Nothing was written by this call"
     )
 
 

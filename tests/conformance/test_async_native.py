@@ -9,6 +9,8 @@ Engine of another driver than psycopg 3; ``Task.aenqueue`` on asyncpg; and the
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -24,6 +26,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 import alkstore_sa as alk
 from alkstore_sa import _sqlite
@@ -111,6 +114,75 @@ def test_every_async_form_of_session_joins_its_transaction(target_and_url: tuple
         assert store.queue(name).stats().pending == 4
     finally:
         store.close()
+
+
+def test_calls_gathered_on_one_async_session_are_refused_with_invalid_options(
+    target_and_url: tuple[Target, sa.URL],
+) -> None:
+    """Two ``aenqueue`` calls gathered on one AsyncSession that has no connection yet: the
+    second finds the session provisioning its connection, which SQLAlchemy refuses. That is
+    the caller's misuse of the session, not a statement the database refused: an
+    InvalidOptions saying so and what to do (not a DatabaseError), nothing written by it,
+    and the caller's transaction intact — the first call's job and a later one commit."""
+    target, url = target_and_url
+    name = _qname()
+
+    async def scenario(store: alk.Store) -> tuple[list[Any], list[int]]:
+        engine = create_async_engine(url)  # no pooled connection: the session must make one
+        store.register(engine)
+        try:
+            async with AsyncSession(engine) as session:
+                results = await asyncio.gather(
+                    alk.aenqueue(session, name, "first"), alk.aenqueue(session, name, "second"),
+                    return_exceptions=True,
+                )
+                later = await alk.aenqueue(session, name, "later")
+                await session.commit()
+            return results, [later]
+        finally:
+            await engine.dispose()
+
+    with target.store() as store:
+        results, later = asyncio.run(scenario(store))
+        refused = [r for r in results if isinstance(r, BaseException)]
+        assert len(refused) == 1, results
+        assert isinstance(refused[0], alk.InvalidOptions), repr(refused[0])
+        message = str(refused[0])
+        assert message.startswith("alk.aenqueue got an AsyncSession already running another operation"), message
+        assert "one after another" in message and "its own AsyncSession" in message, message
+        kept = [r for r in results if not isinstance(r, BaseException)] + later
+        assert [j.payload for j in map(store.get_job, kept) if j is not None] == ["first", "later"]
+        assert store.queue(name).stats().pending == 2
+
+
+def test_a_session_shared_by_threads_is_refused_with_invalid_options(sqlite_db: Target, qname: str) -> None:
+    """The synchronous twin: a Session used by a second thread while the first is still
+    making its connection gets InvalidOptions saying what is wrong, and nothing written."""
+    path = sa.make_url(sqlite_db.url).database
+    slow, entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_connect() -> sqlite3.Connection:
+        if slow.is_set():  # the session's connection (not register()'s look at the file)
+            entered.set()
+            release.wait(WAIT)
+        return sqlite3.connect(str(path), check_same_thread=False)
+
+    engine = sa.create_engine("sqlite://", creator=slow_connect, poolclass=NullPool)
+    results: list[Any] = []
+    with sqlite_db.store() as store, Session(engine) as session:
+        store.register(engine)
+        slow.set()
+        first = threading.Thread(target=lambda: results.append(alk.enqueue(session, qname, "first")))
+        first.start()
+        assert entered.wait(WAIT)
+        with pytest.raises(alk.InvalidOptions, match=r"^alk\.enqueue got a Session already running another operation"):
+            alk.enqueue(session, qname, "second")
+        release.set()
+        first.join(WAIT)
+        session.commit()
+        assert [j.payload for j in map(store.get_job, results) if j is not None] == ["first"]
+        assert store.queue(qname).stats().pending == 1
+    engine.dispose()
 
 
 def test_store_built_from_an_async_engine(target_and_url: tuple[Target, sa.URL]) -> None:
