@@ -4,6 +4,7 @@ pool rules (_connections)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
+from sqlalchemy.util.concurrency import await_only, in_greenlet
 
 from . import _registry
 from . import _validate as v
@@ -441,11 +443,22 @@ class Store:
     def _own_identity(self, *, fresh: bool) -> tuple[Any, ...]:
         """The store's database as ``database_identity`` names it, read on one of the store's
         own connections (no schema check: it touches none of alkstore's tables); read
-        again when ``fresh`` (a PostgreSQL server restarted since the last reading)."""
+        again when ``fresh`` (a PostgreSQL server restarted since the last reading).
+
+        Called from an ``a``-function (inside ``run_sync``, on the event loop's thread), the
+        read runs in a worker thread while the loop waits for it: the store's connections
+        are synchronous, and getting one may mean connecting, or waiting up to the pool's
+        timeout, which would hold every other task of the loop."""
         if self._identity is None or fresh:
-            with Lease(self._conns) as own:
-                self._identity = self.backend.database_identity(own)
+            if in_greenlet():
+                self._identity = await_only(asyncio.to_thread(self._read_own_identity))
+            else:
+                self._identity = self._read_own_identity()
         return self._identity
+
+    def _read_own_identity(self) -> tuple[Any, ...]:
+        with Lease(self._conns) as own:
+            return self.backend.database_identity(own)
 
 
 # _SHARING_POOLS (from _sqlite, whose settings must not dispose of such a pool either):

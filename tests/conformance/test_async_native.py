@@ -220,6 +220,55 @@ def test_store_built_from_an_async_engine(target_and_url: tuple[Target, sa.URL])
     assert store.closed
 
 
+def test_the_first_call_through_an_async_engine_leaves_the_event_loop_free(
+    target_and_url: tuple[Target, sa.URL],
+) -> None:
+    """The first caller's-transaction call through a newly registered async engine checks
+    that it reaches the store's database, reading the store's own side on one of the
+    store's (synchronous) connections. That read must not hold the event loop: here the
+    store's one connection is taken, and only another task of the loop gives it back —
+    once the call has read the caller's side. A read on the loop's thread would wait out
+    the pool's timeout with that task never running."""
+    target, url = target_and_url
+    own = sa.create_engine(target.url if target.kind == "sqlite" else PG_URL, pool_size=1, max_overflow=0, pool_timeout=WAIT)
+    store = alk.Store(own, schema=target.schema)
+    name = _qname()
+    read_theirs = threading.Event()
+
+    def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "pg_postmaster_start_time" in statement or "pragma_database_list" in statement:
+            read_theirs.set()
+
+    async def give_back(blocker: sa.Connection) -> None:
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while not read_theirs.is_set() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        blocker.close()
+
+    async def scenario() -> int:
+        engine = create_async_engine(url)
+        store.register(engine)
+        sa.event.listen(engine.sync_engine, "after_cursor_execute", on_statement)
+        blocker = own.connect()  # the store's only connection
+        try:
+            async with AsyncSession(engine) as session:
+                job_id, _ = await asyncio.gather(alk.aenqueue(session, name, "first"), give_back(blocker))
+                await session.commit()
+            return job_id
+        finally:
+            blocker.close()
+            await engine.dispose()
+
+    try:
+        job_id = asyncio.run(scenario())
+        assert read_theirs.is_set()
+        job = store.get_job(job_id)
+        assert job is not None and job.payload == "first"
+    finally:
+        store.close()
+        own.dispose()
+
+
 def test_store_from_an_in_memory_async_sqlite_engine_is_refused() -> None:
     engine = create_async_engine("sqlite+aiosqlite://")
     with pytest.raises(alk.InvalidOptions, match="in-memory"):
