@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -310,6 +310,11 @@ def _dumps(payload: object, *, ensure_ascii: bool) -> str:
 
 def encode_payload(payload: object, max_bytes: int) -> str:
     """Serialize a payload as strict JSON text that any database text column can hold."""
+    return encode_sized(payload, max_bytes)[0]
+
+
+def encode_sized(payload: object, max_bytes: int) -> tuple[str, int]:
+    """``encode_payload``, and the text's size in bytes (UTF-8)."""
     text = _dumps(payload, ensure_ascii=False)
     try:
         size = len(text.encode("utf-8"))
@@ -319,7 +324,41 @@ def encode_payload(payload: object, max_bytes: int) -> str:
         size = len(text)
     if size > max_bytes:
         raise PayloadError(f"payload is {size} bytes serialized; the limit is {max_bytes}")
-    return text
+    return text, size
+
+
+# What one enqueue_many carries: its payloads' serialized sizes, each counted BATCH_OVERHEAD
+# bytes more, total at most MAX_BATCH_BYTES. The statement sends them all as one value
+# (PostgreSQL: a text[]; SQLite: a JSON array of the texts), and the databases take one value
+# of about 1 GB at most (PostgreSQL's largest value and protocol message, SQLite's
+# SQLITE_MAX_LENGTH of 10^9 bytes): beyond it the server refused the statement, or ended the
+# connection, after the whole batch had been built and sent. The drivers' quoting makes the
+# value up to twice the texts' size (psycopg's text array: a backslash before each quote and
+# backslash) or three times it (SQLite's JSON array: \uXXXX for each non-ASCII character),
+# plus a few bytes a payload (asyncpg's length words, PostgreSQL's array slots): 256 MiB
+# keeps every driver's value well inside the limit.
+MAX_BATCH_BYTES = 256 << 20
+BATCH_OVERHEAD = 8
+
+
+def encode_batch(payloads: Iterable[object], max_bytes: int) -> list[str]:
+    """Every payload's text (``encode_payload``); PayloadError as soon as the batch passes
+    MAX_BATCH_BYTES — before any statement, and before the rest is even serialized."""
+    texts: list[str] = []
+    total = 0
+    for payload in payloads:
+        text, size = encode_sized(payload, max_bytes)
+        total += size + BATCH_OVERHEAD
+        if total > MAX_BATCH_BYTES:
+            at = len(texts)
+            texts.clear()  # not kept alive by the traceback's frames as long as the error is
+            raise PayloadError(
+                f"enqueue_many's payloads total more than {MAX_BATCH_BYTES} bytes serialized (each "
+                f"counted {BATCH_OVERHEAD} bytes more) by payload #{at}: split them into "
+                "several calls (in your transaction they still commit together)"
+            )
+        texts.append(text)
+    return texts
 
 
 # the decoder's scanner: an instance attribute typeshed does not declare

@@ -95,7 +95,7 @@ def encode_all(store: Store | _DefaultStore, payloads: Iterable[Any]) -> list[st
         items = iter(payloads)
     except TypeError:
         raise InvalidOptions(f"payloads must be an iterable of payloads (a list), got {type(payloads).__name__}") from None
-    return [v.encode_payload(p, store.max_payload_bytes) for p in items]
+    return v.encode_batch(items, store.max_payload_bytes)
 
 
 class Queue:

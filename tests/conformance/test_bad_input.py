@@ -4,6 +4,7 @@ are plain values end to end; a closed store refuses every operation. Both engine
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,6 +13,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
@@ -239,6 +242,56 @@ def test_payload_size_limit(db: Target, clock: FakeClock, qname: str, limit: int
                        lambda s: alk.enqueue_many(s, qname, [too_big]))
         job = q.get_job(q.enqueue(fits))
         assert job is not None and job.payload == fits
+
+
+def test_enqueue_many_past_the_batch_limit_is_refused_before_any_statement(db: Target, q: alk.Queue) -> None:
+    """An enqueue_many of payloads totalling more than one statement can carry (about 1 GB
+    on both databases) was refused by the database only after the whole batch had been
+    serialized and sent — PostgreSQL ended the connection ('invalid message length'),
+    SQLite said 'string or blob too big'. Past 256 MiB (each payload counted 8 bytes more)
+    it is a PayloadError, raised as soon as the payload that passes the limit is
+    serialized (the rest are never read), with nothing written, and the caller's
+    transaction usable (sync and async forms)."""
+    big = "x" * ((1 << 20) - 2)  # 1 MiB serialized: the default max_payload_bytes
+    read: list[int] = []
+
+    def payloads() -> Iterator[str]:
+        read.clear()
+        for i in range(300):
+            read.append(i)
+            yield big
+
+    def refused(exc: BaseException) -> None:
+        assert isinstance(exc, alk.PayloadError), repr(exc)
+        assert "split them into several calls" in str(exc), str(exc)
+        assert len(read) == 256, len(read)  # 255 payloads fit, the 256th passes the limit
+
+    before = snapshot(db, q)
+    for call in (lambda: q.enqueue_many(payloads()), lambda: alk.enqueue_many(s, q.name, payloads())):
+        with caller_tx(db) as s:
+            with pytest.raises(alk.PayloadError) as info:
+                call()
+            refused(info.value)
+            alk.enqueue(s, q.name, "kept")
+
+    async def in_async_session() -> None:
+        url = sa.make_url(db.url)
+        url = url.set(drivername="sqlite+aiosqlite" if db.kind == "sqlite" else "postgresql+asyncpg")
+        engine = create_async_engine(url)
+        try:
+            async with AsyncSession(engine) as session:
+                await alk.aenqueue(session, q, "kept")
+                with pytest.raises(alk.PayloadError) as info:
+                    await alk.aenqueue_many(session, q, payloads())
+                refused(info.value)
+                await session.commit()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(in_async_session())
+    _, live, dead = before
+    assert snapshot(db, q)[1:] == (live + 3, dead)  # the three "kept" jobs alone
+    assert sorted(h.payload for h in q.claim_batch("w", 10)) == ["kept", "kept", "kept", "seed"]
 
 
 BAD_CLAIMS: dict[str, Call] = {
