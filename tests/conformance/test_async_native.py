@@ -628,6 +628,102 @@ def test_a_call_cancelled_mid_statement_never_leaves_a_commit_that_writes_nothin
         assert job is not None and job.payload == "again"
 
 
+def _cancel_after(engine: AsyncEngine, marks: tuple[str, ...]) -> list[asyncio.Future[Any] | None]:
+    """A slot for a task, cancelled right after a statement containing one of ``marks`` ran
+    on ``engine``: the cancellation lands at the call's next await, deterministically."""
+    slot: list[asyncio.Future[Any] | None] = [None]
+
+    def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        task = slot[0]
+        if task is not None and any(m in statement for m in marks):
+            slot[0] = None
+            task.cancel()
+
+    sa.event.listen(engine.sync_engine, "after_cursor_execute", on_statement)
+    return slot
+
+
+def test_a_call_cancelled_during_the_engines_first_check_leaves_the_transaction_usable(
+    target_and_url: tuple[Target, sa.URL],
+) -> None:
+    """Cancelled while the first call through an engine reads the store's side of the
+    same-database check (in a worker thread): nothing was written, so the caller's
+    transaction carries on — its own row and a later job commit, the cancelled job does not."""
+    target, url = target_and_url
+    name = _qname()
+    table = f"own_rows_{uuid.uuid4().hex[:8]}"
+
+    async def scenario(store: alk.Store) -> tuple[int, int]:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(sa.text(f"CREATE TABLE {table} (v text)"))
+            store.register(engine)
+            slot = _cancel_after(engine, ("pg_postmaster_start_time", "pragma_database_list"))
+            async with AsyncSession(engine) as session:
+                await session.execute(sa.text(f"INSERT INTO {table} VALUES ('mine')"))
+                slot[0] = task = asyncio.ensure_future(alk.aenqueue(session, name, "cancelled"))
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                later = await alk.aenqueue(session, name, "later")
+                await session.commit()
+            async with engine.begin() as conn:
+                mine = (await conn.execute(sa.text(f"SELECT count(*) FROM {table}"))).scalar_one()
+                await conn.execute(sa.text(f"DROP TABLE {table}"))
+            return later, mine
+        finally:
+            await engine.dispose()
+
+    with target.store() as store:
+        later, mine = asyncio.run(scenario(store))
+        assert mine == 1
+        job = store.get_job(later)
+        assert job is not None and job.payload == "later"
+        assert store.queue(name).stats().pending == 1
+
+
+@pytest.mark.parametrize("mode", ["transaction", "AUTOCOMMIT"])
+def test_an_aiosqlite_publish_cancelled_between_its_statements_never_commits_half(tmp_path, mode: str) -> None:
+    """On SQLite a publish is two statements (the stream's counter, then the event). A
+    cancellation between them must not leave the counter moved without its event (readers
+    would wait at a hole): the caller's commit raises, nothing of the call stays, and after
+    a rollback the next event takes the next offset — in the caller's transaction and on an
+    autocommit connection (where the publish has a transaction of its own)."""
+    target = sqlite_target(str(tmp_path))
+
+    async def scenario(store: alk.Store) -> BaseException | None:
+        engine = create_async_engine(async_url("aiosqlite", target))
+        store.register(engine)
+        used = engine if mode == "transaction" else engine.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            async with AsyncSession(used) as session:
+                await alk.apublish(session, "s", "first")
+                await session.commit()
+            slot = _cancel_after(engine, ("alkstore_streams",))  # the counter's upsert
+            refused: BaseException | None = None
+            async with AsyncSession(used) as session:
+                slot[0] = task = asyncio.ensure_future(alk.apublish(session, "s", "cancelled"))
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert slot[0] is None  # it was cancelled right after the counter's statement
+                try:
+                    await session.commit()
+                except Exception as exc:  # noqa: BLE001 - asserted by the caller
+                    refused = exc
+                await session.rollback()
+                await alk.apublish(session, "s", "next")
+                await session.commit()
+            return refused
+        finally:
+            await engine.dispose()
+
+    with target.store() as store:
+        refused = asyncio.run(scenario(store))
+        assert refused is not None, "the commit after the cancelled call succeeded"
+        assert [(e.offset, e.payload) for e in store.stream("s").read()] == [(1, "first"), (2, "next")]
+    target.engine.dispose()
+
+
 def test_a_session_or_connection_that_cannot_run_a_transaction_is_refused(db: Target, store: alk.Store) -> None:
     """A closed Connection or AsyncConnection, an AsyncConnection never started (``conn =
     engine.connect()`` without ``await``), a Session or AsyncSession made with
