@@ -76,8 +76,9 @@ def _settings(store: Store) -> tuple[str, Any, int]:
     return (store.backend.target_schema(), store.clock, store.max_payload_bytes)
 
 
-def store_for(conn: Connection) -> Store | _DefaultStore:
-    """The store serving by-name calls on this connection's engine, else the defaults.
+def store_for(conn: Connection | Engine) -> Store | _DefaultStore:
+    """The store serving by-name calls on this connection's (or engine's) engine, else the
+    defaults.
 
     Raises InvalidOptions when the engine's open stores would write differently."""
     stores = _registry.get(root_engine(conn.engine))

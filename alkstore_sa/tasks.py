@@ -25,7 +25,7 @@ from .errors import AlkstoreError, InvalidOptions, InvalidSpec, PayloadError
 from .queue import Queue, QueueOpts
 from .store import Store, store_for
 from .transactional import (
-    connection_of,
+    bind_of_caller,
     is_async_session,
     run_in_async_transaction,
     sync_given_to_async,
@@ -442,8 +442,8 @@ class _Defaults:
 
 def _queue_in(session: EnqueueTarget, task: Task[..., Any]) -> Queue:
     """A handle with the task's stamps on the store that ``alk.enqueue`` would use for this
-    session's engine. (It begins the session's transaction, as ``alk.enqueue`` does.)"""
-    store = store_for(connection_of(cast(Any, session), owner="task"))
+    session's engine (found from the session's bind: no connection is taken here)."""
+    store = store_for(bind_of_caller(cast(Any, session), owner="task"))
     if not isinstance(store, Store):
         store = cast(Store, _Defaults(store))
     return Queue._unchecked(cast(Store, store), task.queue, task.opts)

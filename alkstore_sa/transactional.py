@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import InvalidRequestError, UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.util.concurrency import in_greenlet
@@ -41,6 +41,14 @@ def connection_of(session: SessionLike, function: str = "enqueue", owner: str = 
     """The Connection carrying the caller's transaction (begun if it was not yet).
     ``owner.function`` names the caller's function in the error for a wrong argument
     (``alk.enqueue``; ``task.enqueue`` for a Task's)."""
+    return _connect(session, bind_of_caller(session, function, owner), function, owner)
+
+
+def bind_of_caller(session: SessionLike, function: str = "enqueue", owner: str = "alk") -> Engine | Connection:
+    """What the caller's session runs on (its Engine, or the Connection it is bound to),
+    with everything ``connection_of`` refuses refused — but no connection taken, no
+    transaction begun: the store it names (``store_for``) serves validating the call's
+    input before any I/O, and ``_connect`` then takes the connection."""
     if isinstance(session, Connection):
         _refuse_outside_run_sync(session.dialect, session, function, owner)
         _refuse_unusable(session, session, f"{owner}.{function}", "a Connection")
@@ -49,14 +57,7 @@ def connection_of(session: SessionLike, function: str = "enqueue", owner: str = 
         bind = _bind_of(session, function, owner=owner)
         _refuse_outside_run_sync(bind.dialect, session, function, owner)  # before any I/O
         _refuse_unusable(session, bind, f"{owner}.{function}", f"a {type(session).__name__}")
-        try:
-            return session.connection()
-        except Exception as exc:
-            if _is_concurrent_use(exc):
-                raise _concurrent_use(bind.dialect.is_async, session, function, owner) from exc
-            # the session's own checkout or begin failed (server down, a pool with none to
-            # spare, a transaction SQLAlchemy wants rolled back): an AlkstoreError as well
-            raise backend_for(bind.dialect.name, DEFAULT_SCHEMA).translate_error(exc) from exc
+        return bind
     if is_async_session(session):
         raise InvalidOptions(
             f"alk.{function} got an {type(session).__name__}: use `await alk.a{function}(...)`"
@@ -64,6 +65,21 @@ def connection_of(session: SessionLike, function: str = "enqueue", owner: str = 
     raise InvalidOptions(
         f"alk.{function} expected a Session, scoped_session or Connection, got {type(session).__name__}"
     )
+
+
+def _connect(session: SessionLike, bind: Engine | Connection, function: str, owner: str) -> Connection:
+    """The Connection of ``session`` (``bind_of_caller`` checked both): the session's
+    connection taken, and its transaction begun, if it was not yet."""
+    if isinstance(session, Connection):
+        return session
+    try:
+        return session.connection()
+    except Exception as exc:
+        if _is_concurrent_use(exc):
+            raise _concurrent_use(bind.dialect.is_async, session, function, owner) from exc
+        # the session's own checkout or begin failed (server down, a pool with none to
+        # spare, a transaction SQLAlchemy wants rolled back): an AlkstoreError as well
+        raise backend_for(bind.dialect.name, DEFAULT_SCHEMA).translate_error(exc) from exc
 
 
 def _is_concurrent_use(exc: Exception) -> bool:
@@ -203,14 +219,15 @@ async def run_in_async_transaction(
 
 def _target(
     session: SessionLike, queue: str | Queue, function: str, *, allow_reserved: bool = False
-) -> tuple[Connection, Store | _DefaultStore, str, Any]:
+) -> tuple[Engine | Connection, Store | _DefaultStore, str, Any]:
+    """The caller's bind (no connection taken yet: see ``bind_of_caller``), the store the
+    call writes through, the queue's name and the options it stamps."""
     if isinstance(queue, Queue):
         queue.store._check_open()
-        conn = connection_of(session, function)
-        return conn, queue.store, queue.name, queue.opts
+        return bind_of_caller(session, function), queue.store, queue.name, queue.opts
     name = v.name(queue, "queue name", allow_reserved=allow_reserved)
-    conn = connection_of(session, function)
-    return conn, store_for(conn), name, DEFAULT_OPTS
+    bind = bind_of_caller(session, function)
+    return bind, store_for(bind), name, DEFAULT_OPTS
 
 
 def enqueue(
@@ -232,13 +249,13 @@ def enqueue(
     nothing is written and that job's id is returned; one held by another open transaction
     makes this wait until that transaction ends (SPEC §14).
     """
-    conn, store, name, opts = _target(session, queue, "enqueue")
+    bind, store, name, opts = _target(session, queue, "enqueue")
     params = enqueue_params(
         store, name, opts, delay=delay, run_at=run_at, priority=priority,
         max_attempts=max_attempts, expires=expires, unique_key=unique_key,
     )
     params["payload"] = v.encode_payload(payload, store.max_payload_bytes)
-    ex = store.session_executor(conn)
+    ex = store.session_executor(_connect(session, bind, "enqueue", "alk"))
     return ex.backend.enqueue(ex, params)
 
 
@@ -254,7 +271,7 @@ def enqueue_many(
     expires: v.Duration | None = None,
 ) -> list[int]:
     """Enqueue many jobs in the caller's transaction (one statement); ids in payload order."""
-    conn, store, name, opts = _target(session, queue, "enqueue_many")
+    bind, store, name, opts = _target(session, queue, "enqueue_many")
     params = enqueue_params(
         store, name, opts, delay=delay, run_at=run_at, priority=priority,
         max_attempts=max_attempts, expires=expires,
@@ -262,17 +279,17 @@ def enqueue_many(
     texts = encode_all(store, payloads)
     if not texts:
         return []
-    ex = store.session_executor(conn)
+    ex = store.session_executor(_connect(session, bind, "enqueue_many", "alk"))
     return ex.backend.enqueue_many(ex, params, texts)
 
 
 def get_job(session: SessionLike, queue: str | Queue, job_id: int) -> Job | None:
     """Read a job of this queue (live or dead) in the caller's transaction."""
-    conn, store, name, _ = _target(session, queue, "get_job", allow_reserved=True)
+    bind, store, name, _ = _target(session, queue, "get_job", allow_reserved=True)
     job_id = v.job_id(job_id)
     if not v.in_int64(job_id):
         return None
-    ex = store.session_executor(conn)
+    ex = store.session_executor(_connect(session, bind, "get_job", "alk"))
     row = ex.backend.get_job(ex, {"id": job_id, "queue": name}, by_queue=True)
     return None if row is None else job_from_row(row)
 
@@ -282,10 +299,10 @@ def notify(session: SessionLike, channel: str, payload: str = "") -> None:
     from .notify import notify_params
 
     params = notify_params(channel, payload)
-    conn = connection_of(session, "notify")
-    store = store_for(conn)
+    bind = bind_of_caller(session, "notify")
+    store = store_for(bind)
     params["now"] = store.now()
-    ex = store.session_executor(conn)
+    ex = store.session_executor(_connect(session, bind, "notify", "alk"))
     ex.backend.notify(ex, params)
 
 
@@ -294,13 +311,13 @@ def outbox_enqueue(session: SessionLike, outbox: str, payload: Any) -> int:
     from .outbox import OUTBOX_OPTS, backing_queue_name
 
     name = backing_queue_name(v.name(outbox, "outbox name"))
-    conn = connection_of(session, "outbox_enqueue")
-    store = store_for(conn)
+    bind = bind_of_caller(session, "outbox_enqueue")
+    store = store_for(bind)
     params = enqueue_params(
         store, name, OUTBOX_OPTS, delay=None, run_at=None, priority=0, max_attempts=None, expires=None
     )
     params["payload"] = v.encode_payload(payload, store.max_payload_bytes)
-    ex = store.session_executor(conn)
+    ex = store.session_executor(_connect(session, bind, "outbox_enqueue", "alk"))
     return ex.backend.enqueue(ex, params)
 
 
@@ -309,10 +326,10 @@ def publish(session: SessionLike, stream: str, payload: Any) -> int:
     stream's counter stays locked until the caller's transaction ends (offsets commit in
     order), so keep such transactions short."""
     name = v.name(stream, "stream name")
-    conn = connection_of(session, "publish")
-    store = store_for(conn)
+    bind = bind_of_caller(session, "publish")
+    store = store_for(bind)
     params = {"stream": name, "payload": v.encode_payload(payload, store.max_payload_bytes), "now": store.now()}
-    ex = store.session_executor(conn)
+    ex = store.session_executor(_connect(session, bind, "publish", "alk"))
     return ex.backend.stream_publish(ex, params)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import alkstore_sa as alk
 from tests.support import FakeClock, Target, deepest_accepted, list_depth
@@ -292,6 +292,62 @@ def test_enqueue_many_past_the_batch_limit_is_refused_before_any_statement(db: T
     _, live, dead = before
     assert snapshot(db, q)[1:] == (live + 3, dead)  # the three "kept" jobs alone
     assert sorted(h.payload for h in q.claim_batch("w", 10)) == ["kept", "kept", "kept", "seed"]
+
+
+BEFORE_ANY_IO: dict[str, tuple[type[Exception], str, tuple[Any, ...], dict[str, Any]]] = {
+    "enqueue payload": (alk.PayloadError, "enqueue", ("q", {1}), {}),
+    "enqueue priority": (alk.InvalidOptions, "enqueue", ("q", 1), {"priority": "high"}),
+    "enqueue_many payload": (alk.PayloadError, "enqueue_many", ("q", ["ok", {1}]), {}),
+    "enqueue_many delay": (alk.InvalidOptions, "enqueue_many", ("q", [1]), {"delay": -1}),
+    "get_job id": (alk.InvalidOptions, "get_job", ("q", "1"), {}),
+    "outbox_enqueue payload": (alk.PayloadError, "outbox_enqueue", ("o", NAN), {}),
+    "publish payload": (alk.PayloadError, "publish", ("s", b"bytes"), {}),
+    "notify payload": (alk.PayloadError, "notify", ("ch", 5), {}),
+}
+
+
+def test_bad_input_is_refused_before_the_callers_connection_is_taken(db: Target, store: alk.Store) -> None:
+    """A caller's-transaction call with bad input raises its typed error before any I/O:
+    the session takes no connection and begins no transaction for it. (It used to check out
+    the caller's connection first, so with the database down a bad payload came out as the
+    DatabaseError of the failed connect, and an AsyncSession awaited a connection only to
+    refuse the input.) Sync and async forms, and a task's."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue="io")
+    def job(x: object) -> None: ...
+
+    def sync_calls(session: Any) -> Iterator[tuple[str, type[Exception], Call]]:
+        for label, (err, function, args, kw) in BEFORE_ANY_IO.items():
+            yield label, err, lambda f=function, a=args, k=kw: getattr(alk, f)(session, *a, **k)
+        yield "task payload", alk.PayloadError, lambda: job.enqueue(session, {1})
+
+    for session in (Session(db.engine), scoped_session(sessionmaker(db.engine))):
+        real = session() if isinstance(session, scoped_session) else session
+        for label, err, call in sync_calls(session):
+            with pytest.raises(err):
+                call()
+            assert not real.in_transaction(), label
+        real.close()
+
+    async def in_async_session() -> None:
+        url = sa.make_url(db.url)
+        url = url.set(drivername="sqlite+aiosqlite" if db.kind == "sqlite" else "postgresql+asyncpg")
+        engine = create_async_engine(url)
+        store.register(engine)
+        try:
+            async with AsyncSession(engine) as session:
+                for label, (err, function, args, kw) in BEFORE_ANY_IO.items():
+                    with pytest.raises(err):
+                        await getattr(alk, "a" + function)(session, *args, **kw)
+                    assert not session.in_transaction(), label
+                with pytest.raises(alk.PayloadError):
+                    await job.aenqueue(session, {1})
+                assert not session.in_transaction(), "task payload"
+        finally:
+            await engine.dispose()
+
+    asyncio.run(in_async_session())
 
 
 BAD_CLAIMS: dict[str, Call] = {
