@@ -421,6 +421,12 @@ class Lease:
         except Exception as again:
             raise backend.translate_error(again) from again
 
+    def storable_text(self, text: str) -> str:
+        """``text`` as this connection's database can store it (``Core.storable_text``)."""
+        held = self._held
+        assert held is not None
+        return self._cache.backend.storable_text(held.dbapi, text)
+
     def transaction(self) -> _LeaseTransaction:
         return _LeaseTransaction(self)
 

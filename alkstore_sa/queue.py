@@ -566,8 +566,8 @@ class JobHandle:
         self._consume()
         store = self._queue.store
         params = self._claim_params()
-        params["error"] = text
         with store.executor(retry=True) as ex:
+            params["error"] = ex.storable_text(text)
             attempts = self._attempts
             if attempts >= self._row[FIELD["max_attempts"]]:
                 params["last_error"] = "max attempts exceeded"
@@ -583,9 +583,9 @@ class JobHandle:
         self._consume()
         store = self._queue.store
         params = self._claim_params()
-        params["error"] = text
-        params["last_error"] = "failed" if text is None else text
         with store.executor(retry=True) as ex:
+            params["error"] = None if text is None else ex.storable_text(text)
+            params["last_error"] = "failed" if text is None else params["error"]
             return store.backend.bury(ex, params)
 
     def heartbeat(self, extend: v.Duration) -> bool:

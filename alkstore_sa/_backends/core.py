@@ -164,6 +164,12 @@ class Core(abc.ABC):
         """Whether ``exc`` (raised using ``dbapi_conn``) means the connection is gone."""
         return False
 
+    def storable_text(self, dbapi_conn: Any, text: str) -> str:
+        """``text`` as the database behind ``dbapi_conn`` can store it, for text alkstore
+        records on its own (a handler's error): the characters its encoding lacks written
+        as Python backslash escapes. SQLite stores any text."""
+        return text
+
     def waits_for_lock(self, exc: BaseException, saved: Any) -> bool:
         """Whether ``exc``, raised by a statement outside any transaction on one of the
         store's own connections (``saved``: what ``prepare_connection`` returned for it),

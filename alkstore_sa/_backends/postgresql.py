@@ -181,6 +181,29 @@ def _reaches_server_directly(dbapi_conn: Any) -> bool:
         return False
 
 
+def _text_codecs(dbapi_conn: Any) -> list[str]:
+    """The Python codecs of the client and the server encodings of a psycopg connection,
+    those that cannot encode every character (UTF8 can)."""
+    info = dbapi_conn.info
+    codecs = [info.encoding, _server_codec(info.parameter_status("server_encoding") or "UTF8")]
+    return [c for c in dict.fromkeys(codecs) if c is not None and c not in ("utf-8", "utf8")]
+
+
+@functools.cache
+def _server_codec(pg_name: str) -> str | None:
+    """The Python codec of a PostgreSQL encoding; None for SQL_ASCII (it stores any byte)
+    and for the two Python has no codec for (MULE_INTERNAL, EUC_TW: text goes as given)."""
+    if pg_name == "SQL_ASCII":
+        return None
+    try:
+        # the driver's own name map (PostgreSQL's WIN1252 is Python's cp1252)
+        from psycopg._encodings import pg2pyenc
+
+        return pg2pyenc(pg_name.encode())
+    except Exception:  # noqa: BLE001 - no codec (or an older psycopg without the map)
+        return None
+
+
 @functools.cache
 def _pipeline_supported() -> bool:
     """Whether psycopg's libpq has pipeline mode (libpq 14 or later; the binary wheels
@@ -292,6 +315,17 @@ class PostgresBackend(Backend):
         state = getattr(getattr(exc, "orig", None) or exc, "sqlstate", None) or ""
         # class 08: connection exceptions; 57P01-03: the server is shutting down or restarting
         return state.startswith("08") or state in _GOING_AWAY
+
+    def storable_text(self, dbapi_conn: Any, text: str) -> str:
+        # A non-UTF8 database (LATIN1) refuses a character its encoding lacks: psycopg, when
+        # the client encoding is the database's (the default), or the server, when it is
+        # UTF8 (UntranslatableCharacter). Either failed the retry or fail carrying a
+        # handler's error, and the outcome was lost. SQL_ASCII stores any byte.
+        if text.isascii():
+            return text
+        for codec in _text_codecs(dbapi_conn):
+            text = text.encode(codec, "backslashreplace").decode(codec)
+        return text
 
     def alive_check(self, dbapi_conn: Any) -> Callable[[], bool] | None:
         return idle_alive_check(dbapi_conn)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pytest
 
 import alkstore_sa as alk
 from alkstore_sa._backoff import backoff_delay
+from tests.conftest import require_pg
+from tests.fresh_pg import fresh_pg_database
 from tests.support import FakeClock
 
 
@@ -223,3 +226,39 @@ def test_payload_and_job_agree_in_either_order(store: alk.Store, qname: str) -> 
     assert first.payload == {"a": [1, 2]} and first.job.payload == {"a": [1, 2]}
     assert second.job.payload == {"b": None} and second.payload == {"b": None}
     assert first.job.id == first.id and first.job.attempts == 1
+
+
+@pytest.fixture(scope="module")
+def latin1_url() -> Iterator[str]:
+    """A PostgreSQL database in LATIN1 with alkstore installed."""
+    require_pg()
+    with fresh_pg_database("alklatin", encoding="LATIN1") as url:
+        with alk.Store(url) as installer:
+            installer.install()
+        yield url
+
+
+@pytest.mark.parametrize("client_encoding", [None, "utf8"])
+@pytest.mark.parametrize("op", ["retry", "fail"])
+def test_an_error_text_a_latin1_database_cannot_hold_is_stored_escaped(
+    latin1_url: str, op: str, client_encoding: str | None
+) -> None:
+    """A handler's exception in Greek, on a LATIN1 database: the driver (client encoding
+    LATIN1, the default) or the server (client encoding UTF8) refused the retry or fail
+    that carried it, so the outcome was lost and the job died only by reclaim exhaustion.
+    The characters the database cannot hold are stored as Python's backslash escapes;
+    the rest (``é`` is LATIN1) as given."""
+    url = latin1_url if client_encoding is None else f"{latin1_url}?client_encoding={client_encoding}"
+    with alk.Store(url) as store:
+        q = store.queue(f"greek-{op}-{client_encoding}", max_attempts=5)
+        job_id = q.enqueue({"n": 1})
+        h = q.claim_one("w")
+        assert h is not None and h.id == job_id
+        assert getattr(h, op)("Ωμέγα \U0001f642 é") is True
+        job = q.get_job(job_id)
+        assert job is not None and job.state == ("pending" if op == "retry" else "dead")
+        expected = "\\u03a9\\u03bc\\u03ad\\u03b3\\u03b1 \\U0001f642 é"
+        assert [e["error"] for e in job.errors] == [expected]
+        if op == "fail":
+            assert job.last_error == expected
+            assert q.requeue_dead(job_id) is not None
