@@ -199,7 +199,7 @@ def describe(settings: QueueSettings) -> str:
         parts.append(f"concurrency {settings.concurrency}")
     if settings.rate_limit is not None:
         if settings.rate_per is None:  # a row written by hand: the API sets both or neither
-            parts.append(f"rate {settings.rate_limit} (no window)")
+            parts.append(f"rate {settings.rate_limit} (no window: not in force)")
         else:
             # 15 significant digits: the window as stored (":g" kept six, so 1234567 s read
             # "1.23457e+06s"), and no exponent inside the allowed range of 100 years

@@ -132,6 +132,11 @@ class SettingsOps(Core):
         if not rows:
             return None
         paused, concurrency, rate_limit, rate_per, live, next_lapse, total, total_at, before, oldest, now = rows[0]
+        if rate_per is None:
+            # a rate limit without its window (a row written by hand; the API sets both or
+            # neither) is not in force: no window counts its claims, and a claim logged for
+            # it would never leave the log (pruning is by the window)
+            rate_limit = None
         return LimitView(
             paused=bool(paused), concurrency=concurrency, rate_limit=rate_limit, rate_per=rate_per,
             live=live or 0, next_lapse=next_lapse,

@@ -149,5 +149,5 @@ def test_status_shows_a_settings_row_written_by_hand_without_its_window(cli: Cli
     assert header.split()[-1] == "settings"
     rows = {line.split()[0]: line for line in lines}
     assert set(rows) == {"fine", "byhand"}
-    assert rows["byhand"].endswith(" rate 5 (no window)"), rows["byhand"]
+    assert rows["byhand"].endswith(" rate 5 (no window: not in force)"), rows["byhand"]
     assert json.loads(cli.ok("status", "--json"))["byhand"]["settings"]["rate_per"] is None

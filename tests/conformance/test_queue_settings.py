@@ -292,6 +292,31 @@ def test_rate_log_holds_about_one_window(db: Target, store: alk.Store, clock: Fa
     assert _rows(db, "alkstore_queue_claims", qname) <= 4  # pruned as claims go
 
 
+def test_a_rate_limit_written_by_hand_without_its_window_is_not_in_force(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """A settings row written by hand (SQL, not the API, which sets both or neither) with a
+    rate limit and no window: its claims were unlimited, yet each was logged for the rate
+    and the log was never pruned (a row a claim, forever). Such a limit is not in force —
+    no window, no rate — so nothing is logged; the row's other settings still hold, and
+    the settings read back as stored."""
+    q = store.queue(qname, visibility_timeout=1000)
+    q.enqueue_many(list(range(20)))
+    db.execute(
+        f"INSERT INTO {db.table('alkstore_queue_settings')} (queue, paused, concurrency, rate_limit, updated_at)"
+        " VALUES (:q, false, 10, 2, 0)",
+        q=qname,
+    )
+    assert q.settings() == alk.QueueSettings(paused=False, concurrency=10, rate_limit=2, rate_per=None)
+    for _ in range(5):
+        h = q.claim_one("w")
+        assert h is not None and h.ack() is True
+        clock.advance(1)
+    assert len(q.claim_batch("w", 20)) == 10  # the concurrency limit holds
+    assert q.claim_one("w") is None
+    assert _rows(db, "alkstore_queue_claims", qname) == 0
+
+
 def test_both_limits_take_the_smaller_room(store: alk.Store, clock: FakeClock, qname: str) -> None:
     q = store.queue(qname, visibility_timeout=1000)
     q.enqueue_many(list(range(20)))
