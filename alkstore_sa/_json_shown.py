@@ -77,6 +77,19 @@ def with_payloads(document: Any, payloads: dict[str, Any], *, ensure_ascii: bool
     return text
 
 
+# a whole string (kept as it is), or a number JSON has no form for, as json.dumps writes it
+_NON_FINITE = re.compile(r'"(?:[^"\\]|\\.)*"|-?Infinity|NaN', re.DOTALL)
+
+
+def strict(text: str) -> str:
+    """JSON text from ``json.dumps`` as strict JSON: each ``NaN``, ``Infinity`` and
+    ``-Infinity`` it wrote (only a row written by hand holds one: a float column, a payload)
+    becomes that word as a string, which ``float()`` reads back. A strict parser (a
+    browser's ``JSON.parse``, ``jq``) refuses the bare words, and the whole document with
+    them. A loop over the text, so any depth goes."""
+    return _NON_FINITE.sub(lambda m: m[0] if m[0][0] == '"' else f'"{m[0]}"', text)
+
+
 def hole() -> str:
     """A string no document holds by chance, to stand for a payload in ``with_payloads``."""
     return f"alkstore-payload-{secrets.token_hex(16)}"

@@ -7,7 +7,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from .._json_shown import hole, indented, with_payloads
+from .._json_shown import hole, indented, strict, with_payloads
 from .._rows import FIELD, job_from_row
 from .._validate import decode_payload
 from ..outbox import listed_queue
@@ -65,7 +65,7 @@ def _dumps(rows: list[tuple[Any, ...]] | tuple[Any, ...]) -> str:
     payloads as deep as enqueue accepts (``_json_shown``)."""
     payloads: dict[str, Any] = {}
     document = [_json(r, payloads) for r in rows] if isinstance(rows, list) else _json(rows, payloads)
-    return indented(with_payloads(document, payloads))
+    return strict(indented(with_payloads(document, payloads)))
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from .._json_shown import strict
 from .._validate import decode_payload, lease
 from ..cron import zone
 from ..errors import AlkstoreError, InvalidOptions, LeadershipLost
@@ -38,7 +39,7 @@ def run_list(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps([_json(s, text) for s, text in schedules], indent=2))
+        print(strict(json.dumps([_json(s, text) for s, text in schedules], indent=2)))
         return 0
     for s, _ in schedules:
         where = "" if s.tz == "UTC" else f" ({shown(s.tz)})"

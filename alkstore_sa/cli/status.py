@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict
 
 from .._gauges import read_gauges
+from .._json_shown import strict
 from ..model import QueueSettings, QueueStats, WorkerInfo
 from ._common import add_database_options, open_store
 from ._shown import as_written, padded, shown, width
@@ -45,13 +46,13 @@ def run(args: argparse.Namespace) -> int:
     # a paused or limited queue is listed even while it holds no jobs
     names = sorted(set(stats) | set(settings))
     if args.json:
-        print(json.dumps(
+        print(strict(json.dumps(
             {
                 name: {**asdict(stats.get(name, NO_JOBS)), "settings": asdict(settings.get(name, QueueSettings()))}
                 for name in names
             },
             indent=2,
-        ))
+        )))
         return 0
     columns = COLUMNS + (("settings",) if settings else ())  # the column only when some queue has any
     rows: list[list[str]] = []
@@ -72,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_workers(workers: list[WorkerInfo], *, as_json: bool) -> int:
     if as_json:
-        print(json.dumps(
+        print(strict(json.dumps(
             [{**asdict(w), "queues": list(w.queues), "started_at": w.started_at.isoformat(),
               "last_seen": w.last_seen.isoformat()} for w in workers],
             indent=2,
-        ))
+        )))
         return 0
     rows = [
         [w.id, w.hostname, str(w.pid), ",".join(w.queues), str(w.concurrency),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from .._json_shown import strict
 from .._limits import describe
 from .html import age, esc, seg, url
 from .http import Response
@@ -47,6 +48,6 @@ def queues_page(view: View) -> Response:
 def counts_json(view: View) -> Response:
     data = {"queues": {r.name: r.as_json() for r in queue_rows(view.store)}}
     return Response(
-        200, json.dumps(data).encode("utf-8"), "application/json",
+        200, strict(json.dumps(data)).encode("utf-8"), "application/json",
         headers=[("Cache-Control", "no-store")],
     )

@@ -434,6 +434,47 @@ def test_timestamps_written_by_hand_past_the_calendar_are_listed(cli: Cli) -> No
     assert status["odd"]["ready"] == 1 and status["odd"]["oldest_ready_age"] > 0
 
 
+def test_json_output_is_strict_json_whatever_numbers_rows_written_by_hand_hold(cli: Cli) -> None:
+    """A float column written by hand may hold an infinity (a rate limit's window, a dead
+    job's stamps, a schedule's ``expires``) and a payload ``NaN``: ``status --json``,
+    ``dead list --json``, ``dead show`` and ``schedules --json`` printed ``Infinity`` and
+    ``NaN``, which no strict JSON parser (a browser's ``JSON.parse``, ``jq``) reads. Such
+    a number is written as the string ``"Infinity"``, ``"-Infinity"`` or ``"NaN"``, which
+    ``float()`` reads back."""
+    s = cli.install()
+    q = s.queue("odd", max_attempts=1)
+    q.set_rate_limit(5, per=60)
+    dead = q.enqueue({"a": 1})
+    h = q.claim_one("w")
+    assert h is not None and h.fail("boom")
+    s.schedule("odd-every", "@every 1h", "odd", {"s": 1}, expires=60)
+    prefix = f'"{cli.schema}".' if cli.kind == "postgresql" else ""
+    with sa.create_engine(cli.url).begin() as conn:
+        conn.execute(sa.text(f"UPDATE {prefix}alkstore_queue_settings SET rate_per = :inf"), {"inf": float("inf")})
+        conn.execute(
+            sa.text(f"UPDATE {prefix}alkstore_dead_jobs SET visibility_timeout = :inf, backoff_base = :minus, "
+                    "payload = '[NaN, Infinity, \"NaN\"]' WHERE id = :id"),
+            {"inf": float("inf"), "minus": float("-inf"), "id": dead},
+        )
+        conn.execute(sa.text(f"UPDATE {prefix}alkstore_schedules SET expires = :inf"), {"inf": float("inf")})
+
+    def strict(text: str) -> object:
+        def refuse(constant: str) -> object:
+            raise AssertionError(f"not JSON: {constant}")
+
+        return json.loads(text, parse_constant=refuse)
+
+    status = strict(cli.ok("status", "--json"))
+    assert status["odd"]["settings"]["rate_per"] == "Infinity"  # type: ignore[index]
+    (listed,) = strict(cli.ok("dead", "list", "--queue", "odd", "--json"))  # type: ignore[misc]
+    shown = strict(cli.ok("dead", "show", str(dead)))
+    for job in (listed, shown):
+        assert (job["visibility_timeout"], job["backoff_base"]) == ("Infinity", "-Infinity")  # type: ignore[index]
+        assert job["payload"] == ["NaN", "Infinity", "NaN"]  # type: ignore[index]
+    (schedule,) = strict(cli.ok("schedules", "--json"))  # type: ignore[misc]
+    assert schedule["expires"] == "Infinity"
+
+
 def test_dead_requeue_of_a_job_whose_unique_key_is_held_says_it_was_not_requeued(cli: Cli) -> None:
     """A dead job whose unique key a live job holds is not requeued (SPEC §14: nothing is
     written, the dead row stays): the command must say so and exit 1, not print

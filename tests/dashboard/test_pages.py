@@ -210,6 +210,20 @@ def test_timestamps_written_by_hand_past_the_calendar_are_shown(dash, db: Target
     assert counts["ready"] == 1 and counts["oldest_ready_age"] > 0
 
 
+def test_counts_json_is_strict_json_with_a_window_written_by_hand_as_infinity(
+    dash, db: Target, store: alk.Store, qname: str
+) -> None:
+    """A settings row written by hand with an infinite rate window: the counts JSON said
+    ``Infinity``, which a browser's ``JSON.parse`` refuses (the whole document with it).
+    It says the string ``"Infinity"``."""
+    q = store.queue(qname)
+    q.enqueue({"a": 1})
+    q.set_rate_limit(5, per=60)
+    db.execute(f"UPDATE {db.table('alkstore_queue_settings')} SET rate_per = :inf WHERE queue = :q", inf=float("inf"), q=qname)
+    counts = _strict_json(dash.get("/api/counts").text)["queues"][qname]  # type: ignore[index]
+    assert (counts["rate_limit"], counts["rate_per"], counts["ready"]) == (5, "Infinity", 1)
+
+
 def test_a_worker_row_with_timestamps_past_the_calendar_is_listed(dash, db: Target, store: alk.Store, qname: str) -> None:
     """A registry row written by hand with a timestamp no date has (``1e300``) made the
     workers page answer 500 and ``store.workers()`` raise OverflowError."""
