@@ -309,13 +309,16 @@ class Store:
             return self._hub
 
     def queue_settings(self) -> dict[str, QueueSettings]:
-        """The settings of every queue that has any (paused, or a limit), by name."""
+        """The settings of every queue that has any (paused, or a limit), by name in code
+        point order on both engines, as ``queue_stats()`` and ``schedules()`` (an SQL ORDER
+        BY would follow PostgreSQL's collation: a linguistic one is blind to case and
+        punctuation, and names are exact values)."""
         from ._limits import settings_from_row
 
         self._check_open()
         with self.executor(retry=True) as ex:  # a read
             rows = self.backend.queue_settings_all(ex, {})
-        return {name: settings_from_row(tuple(rest)) for name, *rest in rows}
+        return {name: settings_from_row(tuple(rest)) for name, *rest in sorted(rows, key=lambda r: r[0])}
 
     def queue_stats(self) -> dict[str, QueueStats]:
         """Stats of every queue that has live or dead jobs, by name (one grouped pass over

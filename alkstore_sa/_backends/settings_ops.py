@@ -74,12 +74,11 @@ class SettingsOps(Core):
         return rows[0] if rows else None
 
     def queue_settings_all(self, ex: Executor, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        """(queue, paused, concurrency, rate_limit, rate_per) of every queue with settings."""
+        """(queue, paused, concurrency, rate_limit, rate_per) of every queue with settings,
+        in no order (the caller sorts: see ``Store.queue_settings``)."""
         sql = self.sql(
             "settings_all",
-            lambda: sa.select(
-                queue_settings.c.queue, *[queue_settings.c[c] for c in SETTINGS_COLUMNS]
-            ).order_by(queue_settings.c.queue),
+            lambda: sa.select(queue_settings.c.queue, *[queue_settings.c[c] for c in SETTINGS_COLUMNS]),
         )
         return ex.rows(sql, params)
 

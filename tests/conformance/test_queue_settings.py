@@ -20,7 +20,16 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa import _limits
-from tests.support import WAIT, FakeClock, Target, wait_for
+from tests.conftest import require_pg
+from tests.support import (
+    WAIT,
+    FakeClock,
+    Target,
+    drop_pg_schema,
+    new_pg_schema,
+    pg_target,
+    wait_for,
+)
 
 NO_POLL = 3600.0  # a worker's re-poll, made irrelevant: only a wake delivers in time
 
@@ -52,6 +61,33 @@ def test_settings_are_stored_and_seen_by_every_store(db: Target, store: alk.Stor
     # an omitted setting keeps its value; fractional windows and timedeltas are durations
     assert q.set_rate_limit(7, per=timedelta(milliseconds=1500)).rate_per == 1.5
     assert q.resume() == alk.QueueSettings(False, 5, 7, 1.5)
+
+
+def test_queue_settings_by_name_in_code_point_order_under_a_linguistic_collation(qname: str) -> None:
+    """A PostgreSQL database made with a linguistic locale (en_US.UTF-8, the official Docker
+    image's default) orders text its own way ('alpha' before 'Alpha', '_' ignored), and
+    ``store.queue_settings()`` followed it, so its order differed from SQLite's. Names are
+    exact values, in code point order on both engines, as ``queue_stats()`` and
+    ``schedules()`` list them."""
+    require_pg()
+    target = pg_target(new_pg_schema())
+    try:
+        if target.scalar("SELECT count(*) FROM pg_collation WHERE collname = 'en-US-x-icu'") == 0:
+            pytest.skip("this PostgreSQL has no ICU collation en-US-x-icu")
+        # what CREATE DATABASE ... LOCALE 'en_US.UTF-8' gives every text column it creates
+        target.execute(
+            f'ALTER TABLE {target.table("alkstore_queue_settings")} ALTER COLUMN queue TYPE text COLLATE "en-US-x-icu"'
+        )
+        store = target.store()
+        try:
+            names = [f"{qname}-{n}" for n in ("zeta", "alpha", "Alpha", "a_b", "ab", "Zeta")]
+            for name in names:
+                store.queue(name).pause()
+            assert list(store.queue_settings()) == sorted(names)
+        finally:
+            store.close()
+    finally:
+        drop_pg_schema(target)
 
 
 def test_a_settings_row_with_no_effect_is_removed(db: Target, store: alk.Store, qname: str) -> None:
