@@ -344,7 +344,7 @@ class Store:
             rows = self.backend.workers_live(ex, {"now": self.now()})
         return [
             WorkerInfo(
-                id=wid, hostname=host, pid=int(pid), queues=tuple(json.loads(queues)),
+                id=wid, hostname=host, pid=int(pid), queues=_queue_names(queues),
                 concurrency=int(concurrency), started_at=_utc(started), last_seen=_utc(seen),
             )
             for wid, host, pid, queues, concurrency, started, seen in rows
@@ -592,6 +592,21 @@ def _on_invalidated_connection(exc: BaseException) -> bool:
             return True
         cause = cause.__cause__
     return False
+
+
+def _queue_names(text: str) -> tuple[str, ...]:
+    """A registry row's ``queues`` (a JSON list of names, as a worker writes it) as names.
+    A row written by hand (or by another tool) may hold anything: one that is not a list
+    failed ``store.workers()``, and so ``alkstore status`` and the workers page for every
+    worker. A list's items are names (any other item as its JSON text); anything else is
+    one name, the text as stored."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return (text,)
+    if not isinstance(value, list):
+        return (text,)
+    return tuple(item if isinstance(item, str) else json.dumps(item) for item in value)
 
 
 def _utc(epoch: float) -> datetime:

@@ -241,6 +241,38 @@ def test_a_worker_row_with_timestamps_past_the_calendar_is_listed(dash, db: Targ
         db.execute(f"DELETE FROM {db.table('alkstore_workers')} WHERE id = :id", id=qname)
 
 
+@pytest.mark.parametrize(
+    ("stored", "queues"),
+    [
+        ("not json", ("not json",)),
+        ("a,b", ("a,b",)),
+        ('"emails"', ('"emails"',)),
+        ("7", ("7",)),
+        ('["emails", 5, null]', ("emails", "5", "null")),
+    ],
+)
+def test_a_worker_row_whose_queues_are_not_a_json_list_of_names_is_listed(
+    dash, db: Target, store: alk.Store, qname: str, stored: str, queues: tuple[str, ...]
+) -> None:
+    """A registry row written by hand (or by another tool) whose ``queues`` is not a JSON
+    list of names made ``store.workers()`` raise (JSONDecodeError, TypeError), and with it
+    ``alkstore status`` ("unexpected error") and the workers page, for every worker; a JSON
+    string was split into its characters. The row is listed: a JSON list's items as names
+    (any other item as its JSON text), anything else as one name, the text as stored."""
+    db.execute(
+        f"INSERT INTO {db.table('alkstore_workers')} (id, hostname, pid, queues, concurrency, started_at, "
+        "last_seen, expires_at) VALUES (:id, 'h', 1, :queues, 1, 0, 0, :high)",
+        id=qname, queues=stored, high=1e300,
+    )
+    try:
+        (worker,) = [w for w in store.workers() if w.id == qname]
+        assert worker.queues == queues
+        r = dash.get("/workers")
+        assert r.status == 200 and f'data-worker="{qname}"' in r.text
+    finally:
+        db.execute(f"DELETE FROM {db.table('alkstore_workers')} WHERE id = :id", id=qname)
+
+
 def test_a_schedule_whose_stored_payload_is_not_json_is_listed_as_stored(
     dash, db: Target, store: alk.Store, qname: str
 ) -> None:
