@@ -15,6 +15,7 @@ The limits, as a claim applies them under the queue's settings lock:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,10 @@ class LimitView:
             return None
         wait = 0.0
         if self.rate_limit is not None and self.recent >= self.rate_limit:
+            # a limit below 1 or an infinite window (a row written by hand: the API refuses
+            # both) never lets a job through however long one waits, as a pause
+            if self.rate_limit < 1 or not math.isfinite(self.rate_per or 0.0):
+                return None
             # the window frees a place when its oldest claim leaves it
             oldest = self.now if self.oldest_recent is None else self.oldest_recent
             wait = max(wait, oldest + (self.rate_per or 0.0) - self.now)

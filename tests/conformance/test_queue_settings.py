@@ -591,6 +591,33 @@ def test_burst_ends_with_a_paused_queue_left_as_it_is(dbstore: alk.Store, qname:
     assert q.stats().ready == 2
 
 
+@pytest.mark.parametrize(
+    ("rate_limit", "rate_per"), [(0, 5.0), (-3, 5.0), (1, math.inf)], ids=["zero", "negative", "infinite-window"]
+)
+def test_burst_ends_with_a_rate_written_by_hand_that_never_lets_a_job_through(
+    db: Target, dbstore: alk.Store, qname: str, rate_limit: int, rate_per: float
+) -> None:
+    """A settings row written by hand (the API takes a limit of at least 1 and a finite
+    window) with a rate limit of 0 (an operator's way to stop a queue) or an infinite window
+    that is full: time alone never lets a job through, as with a pause, yet the limits
+    said to wait for the window (forever, or 0 s over and over), so a burst worker never
+    ended. Only a change of the settings can let them through: the burst ends, leaving
+    them, and the limits say so."""
+    q = dbstore.queue(qname)
+    q.set_rate_limit(1, per=60)
+    q.enqueue_many([1, 2, 3])
+    assert q.claim_one("w") is not None  # the window holds one claim
+    db.execute(
+        f"UPDATE {db.table('alkstore_queue_settings')} SET rate_limit = :n, rate_per = :per WHERE queue = :q",
+        n=rate_limit, per=rate_per, q=qname,
+    )
+    assert _limits.limit_wait(dbstore, qname) == (None, False)
+    done: list[Any] = []
+    _burst(dbstore, qname, done)
+    assert done == []
+    assert q.stats().ready == 2
+
+
 def test_burst_on_a_rate_limited_queue_with_nothing_ready_ends_at_once(dbstore: alk.Store, qname: str) -> None:
     """A full rate window over an empty queue is nothing to wait for (an hour, here)."""
     q = dbstore.queue(qname)
