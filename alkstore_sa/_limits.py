@@ -97,6 +97,15 @@ class LimitView:
         return wait
 
 
+def rate_in_force(rate_per: float | None) -> bool:
+    """Whether a rate limit with this window limits anything: only a window of positive
+    length counts claims. The API sets a window of at least a millisecond with every limit;
+    a settings row written by hand may have none, or 0, a negative one, NaN (SQLite stores
+    NaN as NULL): such a limit is not in force (an infinite window is: the limit holds for
+    good)."""
+    return rate_per is not None and rate_per > 0
+
+
 def settings_from_row(row: tuple[Any, ...] | None) -> QueueSettings:
     """A settings row (or none: no settings) as the public value."""
     if row is None:
@@ -205,6 +214,8 @@ def describe(settings: QueueSettings) -> str:
     if settings.rate_limit is not None:
         if settings.rate_per is None:  # a row written by hand: the API sets both or neither
             parts.append(f"rate {settings.rate_limit} (no window: not in force)")
+        elif not rate_in_force(settings.rate_per):  # written by hand too: 0, negative, NaN
+            parts.append(f"rate {settings.rate_limit}/{settings.rate_per:.15g}s (not in force)")
         else:
             # 15 significant digits: the window as stored (":g" kept six, so 1234567 s read
             # "1.23457e+06s"), and no exponent inside the allowed range of 100 years

@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .._limits import LimitView
+from .._limits import LimitView, rate_in_force
 from ..schema import jobs, queue_claims, queue_settings
 from .core import Core
 from .sql import ONE, PROCESSING, ZERO, Executor, bp
@@ -131,10 +131,11 @@ class SettingsOps(Core):
         if not rows:
             return None
         paused, concurrency, rate_limit, rate_per, live, next_lapse, total, total_at, before, oldest, now = rows[0]
-        if rate_per is None:
-            # a rate limit without its window (a row written by hand; the API sets both or
-            # neither) is not in force: no window counts its claims, and a claim logged for
-            # it would never leave the log (pruning is by the window)
+        if not rate_in_force(rate_per):
+            # a rate limit without a positive window (a row written by hand; the API sets
+            # both or neither, the window at least a millisecond) is not in force: no window
+            # counts its claims, and a claim logged for it would never leave the log when
+            # there is no window (pruning is by the window)
             rate_limit = None
         return LimitView(
             paused=bool(paused), concurrency=concurrency, rate_limit=rate_limit, rate_per=rate_per,

@@ -328,29 +328,36 @@ def test_rate_log_holds_about_one_window(db: Target, store: alk.Store, clock: Fa
     assert _rows(db, "alkstore_queue_claims", qname) <= 4  # pruned as claims go
 
 
-def test_a_rate_limit_written_by_hand_without_its_window_is_not_in_force(
-    db: Target, store: alk.Store, clock: FakeClock, qname: str
+@pytest.mark.parametrize("window", [None, 0.0, -5.0, math.nan], ids=["none", "zero", "negative", "nan"])
+def test_a_rate_limit_written_by_hand_without_a_positive_window_is_not_in_force(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, window: float | None
 ) -> None:
-    """A settings row written by hand (SQL, not the API, which sets both or neither) with a
-    rate limit and no window: its claims were unlimited, yet each was logged for the rate
-    and the log was never pruned (a row a claim, forever). Such a limit is not in force —
-    no window, no rate — so nothing is logged; the row's other settings still hold, and
-    the settings read back as stored."""
+    """A settings row written by hand (SQL, not the API, which sets both or neither and
+    a window of at least a millisecond) with a rate limit and no window: no window counted
+    its claims, so each claim took up to the limit (a cap per claim, which nothing
+    documents), and each was logged for the rate, and the log was never pruned (a row a
+    claim, forever). A window of 0, a negative one or NaN counted nothing either, the same
+    cap per claim. Such a limit is not in force — no window, no rate — so nothing is
+    logged; the row's other settings still hold, and the settings read back as stored
+    (SQLite stores NaN as NULL)."""
     q = store.queue(qname, visibility_timeout=1000)
     q.enqueue_many(list(range(20)))
     db.execute(
-        f"INSERT INTO {db.table('alkstore_queue_settings')} (queue, paused, concurrency, rate_limit, updated_at)"
-        " VALUES (:q, false, 10, 2, 0)",
-        q=qname,
+        f"INSERT INTO {db.table('alkstore_queue_settings')} (queue, paused, concurrency, rate_limit, rate_per,"
+        " updated_at) VALUES (:q, false, 10, 2, :per, 0)",
+        q=qname, per=window,
     )
-    assert q.settings() == alk.QueueSettings(paused=False, concurrency=10, rate_limit=2, rate_per=None)
+    s = q.settings()
+    assert (s.paused, s.concurrency, s.rate_limit) == (False, 10, 2)
+    assert s.rate_per is None if window is None else (s.rate_per is None or not s.rate_per > 0)
     for _ in range(5):
         h = q.claim_one("w")
         assert h is not None and h.ack() is True
         clock.advance(1)
-    assert len(q.claim_batch("w", 20)) == 10  # the concurrency limit holds
+    assert len(q.claim_batch("w", 20)) == 10  # the concurrency limit holds, the rate none
     assert q.claim_one("w") is None
     assert _rows(db, "alkstore_queue_claims", qname) == 0
+    assert _limits.describe(s).endswith("not in force)")
 
 
 def test_both_limits_take_the_smaller_room(store: alk.Store, clock: FakeClock, qname: str) -> None:
