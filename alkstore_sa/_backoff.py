@@ -13,10 +13,15 @@ def backoff_delay(base: float, attempts: int, rng: random.Random | None = None) 
     """Seconds before retry ``attempts`` (the post-claim count) of a job with ``base``.
 
     ``c = min(base * 2**(a-1), 3600)``; the delay is uniform over the integers in
-    ``[ceil(c/2), c]``. When that range holds no integer (``c < 1``), the delay is ``c``.
+    ``[ceil(c/2), c]``. When that range holds no integer (``c < 1``), the delay is ``c``;
+    a ``c`` below zero (or NaN) is no delay.
     """
     exponent = min(max(attempts - 1, 0), _MAX_EXPONENT)
     c = min(base * 2.0**exponent, CAP)
+    if not c > 0:
+        # a stamp written by hand (the API takes 0 to 100 years): a base below zero or NaN
+        # is no wait (minus infinity and NaN failed below, and the retry's outcome was lost)
+        return 0.0
     lo, hi = math.ceil(c / 2), math.floor(c)
     if hi < lo:
         return c

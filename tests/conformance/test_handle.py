@@ -13,7 +13,7 @@ import alkstore_sa as alk
 from alkstore_sa._backoff import backoff_delay
 from tests.conftest import require_pg
 from tests.fresh_pg import fresh_pg_database
-from tests.support import FakeClock
+from tests.support import FakeClock, Target
 
 
 def _ts(clock: FakeClock, offset: float = 0.0) -> datetime:
@@ -126,6 +126,47 @@ def test_retry_uses_the_backoff_curve(store: alk.Store, qname: str, clock: FakeC
         assert math.ceil(c / 2) <= delay <= c and delay == int(delay)
         clock.advance(delay)
     assert [e["attempt"] for e in q.get_job(job_id).errors] == [1, 2, 3, 4]  # type: ignore[union-attr]
+
+
+def _retried_on_a_hand_written_base(db: Target, store: alk.Store, qname: str, base: float) -> float:
+    """Claim a job whose backoff_base stamp was written by hand as ``base``, retry it on the
+    curve, and return its delay."""
+    q = store.queue(qname, max_attempts=5)
+    job_id = q.enqueue(1)
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET backoff_base = :b WHERE id = :id", b=base, id=job_id)
+    h = q.claim_one("w")
+    assert h is not None and h.id == job_id
+    now = store.now()
+    assert h.retry("boom") is True
+    job = q.get_job(job_id)
+    assert job is not None and job.state == "pending" and [e["error"] for e in job.errors] == ["boom"]
+    return job.run_at.timestamp() - now  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("base", "lo", "hi"), [(-math.inf, 0, 0), (-5.0, 0, 0), (math.inf, 1800, 3600)], ids=["-inf", "negative", "inf"]
+)
+def test_retry_on_the_curve_of_a_backoff_base_written_by_hand_lands(
+    db: Target, store: alk.Store, qname: str, base: float, lo: float, hi: float
+) -> None:
+    """A job row whose backoff_base stamp was written by hand as minus infinity (the API
+    takes 0 to 100 years): the curve raised OverflowError in retry (not even an
+    AlkstoreError), so a worker's retry of a raising handler was lost and the job died only
+    by reclaim exhaustion. The curve takes a base below zero as zero (a retry now, as a
+    negative base already did) and an infinite one as the cap."""
+    delay = _retried_on_a_hand_written_base(db, store, qname, base)
+    assert lo <= delay <= hi
+
+
+def test_retry_on_the_curve_of_a_nan_backoff_base_lands(pg_db: Target, clock: FakeClock, qname: str) -> None:
+    """The same for a backoff_base of NaN, which only PostgreSQL stores (SQLite stores NaN
+    as NULL, and the column is NOT NULL): ValueError in retry, the outcome lost. NaN is
+    no base: zero, a retry now."""
+    store = pg_db.store(clock=clock)
+    try:
+        assert _retried_on_a_hand_written_base(pg_db, store, qname, math.nan) == 0
+    finally:
+        store.close()
 
 
 def test_backoff_curve_range_and_distribution() -> None:
