@@ -70,27 +70,36 @@ def _dead_jobs(view: View) -> list[Job]:
 
 def requeue_dead(view: View) -> Response:
     """Each selected dead job back as a fresh job with the stamps it had. A job whose
-    unique key a live job holds is not requeued (nothing written, it stays dead): the
-    answer (409) lists those, after the others were requeued."""
-    held: list[tuple[int, Requeued]] = []
+    unique key a live job holds, or whose stamps (written by hand) are out of the range
+    the API takes, is not requeued (nothing written, it stays dead): the answer (409)
+    lists those and why, after the others were requeued."""
+    refused: list[tuple[int, str]] = []
     for job in _dead_jobs(view):
-        q = listed_queue(
-            view.store, job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
-            backoff_base=job.backoff_base, dead_letter_retention=job.dead_letter_retention,
-        )
+        try:
+            q = listed_queue(
+                view.store, job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
+                backoff_base=job.backoff_base, dead_letter_retention=job.dead_letter_retention,
+            )
+        except InvalidOptions as exc:  # the job's own stamps, not the form: the rest still go
+            refused.append((job.id, f"its stamps cannot be used ({exc}; `alkstore dead requeue` gives the queue's defaults)"))
+            continue
         done = q._requeue_dead(job.id)
         if done is not None and not done.moved:
-            held.append((job.id, done))
+            refused.append((job.id, _held(done)))
     back = back_to(view.request, "/dead")
-    if not held:
+    if not refused:
         return redirect(back)
     items = "".join(
-        f"<li>job {job_id} was not requeued: live job {done.job_id} holds its unique key "
-        f"{esc(repr(done.unique_key))}; it stays in the dead letters</li>"
-        for job_id, done in held
+        f"<li>job {job_id} was not requeued: {esc(why)}; it stays in the dead letters</li>"
+        for job_id, why in refused
     )
     body = f'<ul class="error" id="refusal">{items}</ul><p><a id="back-link" href="{esc(back)}">back</a></p>'
     return view.page("Not requeued", body, status=409)
+
+
+def _held(done: Requeued) -> str:
+    """Why a requeue that a held unique key stopped did not happen."""
+    return f"live job {done.job_id} holds its unique key {done.unique_key!r}"
 
 
 def delete_dead(view: View) -> Response:

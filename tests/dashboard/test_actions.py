@@ -17,6 +17,7 @@ from alkstore_sa.dashboard.app import Dashboard
 from alkstore_sa.dashboard.http import Request
 from tests.dashboard.conftest import HOST, WsgiBrowser
 from tests.dashboard.seed import Seeded, seed
+from tests.support import Target
 
 
 def _token(dash, path: str = "/") -> str:
@@ -154,6 +155,32 @@ def test_requeue_of_a_dead_job_whose_unique_key_is_held_says_it_was_not_requeued
     assert f'href="/queues/{qname}?state=dead"' in r.text  # the way back
     assert [j.id for j in q.dead_jobs()] == [held]  # it stayed; the free one was requeued
     assert q.stats().ready == 2
+
+def test_requeue_of_a_dead_job_whose_stamps_were_written_out_of_range_says_it_was_not_requeued(
+    dash, db: Target, store: alk.Store, qname: str
+) -> None:
+    """The dashboard requeues a dead job with the stamps it had; one whose stamps were
+    written by hand out of the range the API takes (an infinite visibility timeout,
+    max_attempts 0) cannot be: the bulk requeue answered 400 ("visibility_timeout must be
+    finite") after requeuing the jobs before it and skipping those after it. Such a job is
+    not requeued (it stays dead, as a job whose key is held), the answer (409) says why,
+    and every other selected job is requeued."""
+    q = store.queue(qname, max_attempts=1)
+    first, odd, last = q.enqueue({"n": 1}), q.enqueue({"n": 2}), q.enqueue({"n": 3})
+    for _ in range(3):
+        h = q.claim_one("w")
+        assert h is not None and h.fail("boom")
+    db.execute(
+        f"UPDATE {db.table('alkstore_dead_jobs')} SET visibility_timeout = :inf, max_attempts = 0 WHERE id = :id",
+        inf=float("inf"), id=odd,
+    )
+    token = _token(dash, f"/queues/{qname}?state=dead")
+    r = dash.post("/dead/requeue", [("csrf_token", token), ("queue", qname), ("id", first), ("id", odd), ("id", last)])
+    assert r.status == 409, (r.status, r.headers.get("location"))
+    assert f"job {odd} was not requeued" in r.text and "visibility_timeout must be finite" in r.text
+    assert [j.id for j in q.dead_jobs()] == [odd]
+    assert q.stats().ready == 2
+
 
 def test_pause_and_resume(dash, store: alk.Store, qname: str) -> None:
     seed(store, qname)
