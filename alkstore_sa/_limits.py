@@ -215,9 +215,16 @@ def describe(settings: QueueSettings) -> str:
         if settings.rate_per is None:  # a row written by hand: the API sets both or neither
             parts.append(f"rate {settings.rate_limit} (no window: not in force)")
         elif not rate_in_force(settings.rate_per):  # written by hand too: 0, negative, NaN
-            parts.append(f"rate {settings.rate_limit}/{settings.rate_per:.15g}s (not in force)")
+            parts.append(f"rate {settings.rate_limit}/{_window(settings.rate_per)} (not in force)")
         else:
-            # 15 significant digits: the window as stored (":g" kept six, so 1234567 s read
-            # "1.23457e+06s"), and no exponent inside the allowed range of 100 years
-            parts.append(f"rate {settings.rate_limit}/{settings.rate_per:.15g}s")
+            parts.append(f"rate {settings.rate_limit}/{_window(settings.rate_per)}")
     return ", ".join(parts) or "-"
+
+
+def _window(seconds: float) -> str:
+    """A rate window for people: ``60s``, or ``inf`` / ``nan`` for one written by hand (a
+    unit after them read ``infs``)."""
+    # 15 significant digits: the window as stored (":g" kept six, so 1234567 s read
+    # "1.23457e+06s"), and no exponent inside the allowed range of 100 years
+    text = f"{seconds:.15g}"
+    return f"{text}s" if math.isfinite(seconds) else text

@@ -215,13 +215,15 @@ def test_counts_json_is_strict_json_with_a_window_written_by_hand_as_infinity(
 ) -> None:
     """A settings row written by hand with an infinite rate window: the counts JSON said
     ``Infinity``, which a browser's ``JSON.parse`` refuses (the whole document with it).
-    It says the string ``"Infinity"``."""
+    It says the string ``"Infinity"``; the queues page says ``rate 5/inf`` (it said
+    ``rate 5/infs``, as ``alkstore status`` did)."""
     q = store.queue(qname)
     q.enqueue({"a": 1})
     q.set_rate_limit(5, per=60)
     db.execute(f"UPDATE {db.table('alkstore_queue_settings')} SET rate_per = :inf WHERE queue = :q", inf=float("inf"), q=qname)
     counts = _strict_json(dash.get("/api/counts").text)["queues"][qname]  # type: ignore[index]
     assert (counts["rate_limit"], counts["rate_per"], counts["ready"]) == (5, "Infinity", 1)
+    assert ">rate 5/inf</td>" in dash.get("/").text  # a unit after it read "infs"
 
 
 def test_a_worker_row_with_timestamps_past_the_calendar_is_listed(dash, db: Target, store: alk.Store, qname: str) -> None:
