@@ -105,7 +105,9 @@ def run_requeue(args: argparse.Namespace) -> int:
     missing = 0
     try:
         q = listed_queue(store, args.queue)
-        for job_id in args.job_ids:
+        # each id once, in the order given: a repeat would find its job requeued already
+        # and report a failure for a request that was carried out
+        for job_id in dict.fromkeys(args.job_ids):
             done = q._requeue_dead(job_id)
             if done is None:
                 missing += 1

@@ -337,6 +337,22 @@ def test_dead_list_show_requeue(cli: Cli) -> None:
     assert q.stats().ready == 2
 
 
+def test_dead_requeue_of_an_id_given_twice_requeues_it_once_and_succeeds(cli: Cli) -> None:
+    """``dead requeue --queue Q 3 3`` (an id pasted twice, a shell glob over a list)
+    requeued job 3, then said ``3: no dead job with this id`` and exited 1, as if part of
+    the request had failed; the dashboard's requeue takes each selected id once. Each id
+    is requeued once, in the order given, and the command succeeds."""
+    s = cli.install()
+    q = s.queue("twice", max_attempts=1)
+    first, second = q.enqueue({"n": 1}), q.enqueue({"n": 2})
+    for _ in range(2):
+        h = q.claim_one("w")
+        assert h is not None and h.fail("boom")
+    out = cli.ok("dead", "requeue", "--queue", "twice", str(second), str(first), str(second))
+    assert [line.split(" -> ")[0] for line in out.strip().splitlines()] == [str(second), str(first)], out
+    assert q.dead_jobs() == [] and q.stats().ready == 2
+
+
 def test_dead_show_and_list_print_the_deepest_payload_accepted(cli: Cli) -> None:
     """A payload nested as deeply as enqueue accepts is printed by ``dead show`` and
     ``dead list --json`` (they copied it level by level, then encoded it again under the
