@@ -387,14 +387,14 @@ def ack_and_claim_turns(
     handles are consumed only once they did, so after an error they can still be acked
     on their own."""
     store._check_open()
-    if any(h.consumed for h in handles):
+    if any(h._consumed for h in handles):
         raise HandleConsumed()
     acks = _ack_params(store, handles, None)
     turns = _turn_params(store, worker_id, queues, want)
     with store.executor() as ex:  # a transaction: never retried (SQLite cannot lose it anyway)
         landed, taken = store.backend.ack_and_claim_turns(ex, acks, turns, budget)
-    for h in handles:
-        h._consume()
+    for h in handles:  # (checked above: none was consumed; this is their one write)
+        h._consumed = True
     return set(landed), _turn_handles(store, queues, taken)
 
 

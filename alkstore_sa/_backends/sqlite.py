@@ -5,6 +5,7 @@ writer-serialized ``UPDATE ... RETURNING``; moves are INSERT + DELETE in that tr
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
@@ -83,13 +84,13 @@ NOTIFY_PRUNE_EVERY = 64
 NOTIFY_READER_TTL = 60.0
 
 
-def _lenient_text(data: bytes) -> str:
-    """A TEXT value as the store reads it. SQLite keeps whatever bytes a hand-written UPDATE
-    puts in a TEXT column; sqlite3's own decoding fails the whole statement on one value
-    that is not UTF-8 (a claim would lose its batch, and fail again at every try). Such
-    bytes read as ``\\xNN`` instead: a payload holding them is never valid JSON (JSON has
-    no ``\\x`` escape), so it is failed and shown as any stored payload that is not JSON."""
-    return data.decode("utf-8", "backslashreplace")
+# A TEXT value as the store reads it. SQLite keeps whatever bytes a hand-written UPDATE
+# puts in a TEXT column; sqlite3's own decoding fails the whole statement on one value that
+# is not UTF-8 (a claim would lose its batch, and fail again at every try). Such bytes read
+# as ``\\xNN`` instead: a payload holding them is never valid JSON (JSON has no ``\\x``
+# escape), so it is failed and shown as any stored payload that is not JSON. (A
+# methodcaller, not a function: it runs for every text value read, with no Python frame.)
+_lenient_text: Callable[[bytes], str] = operator.methodcaller("decode", "utf-8", "backslashreplace")
 
 
 class _ShortAck(Exception):
