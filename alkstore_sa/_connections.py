@@ -92,7 +92,7 @@ class Held:
     connection, what ``prepare_connection`` changed, how a statement is run on it, and
     where it came from."""
 
-    __slots__ = ("proxied", "dbapi", "saved", "execute", "pool", "generation", "pid", "alive")
+    __slots__ = ("proxied", "dbapi", "saved", "execute", "pool", "generation", "pid", "alive", "pinnable")
 
     def __init__(self, proxied: Any, backend: Backend, pool: Pool, generation: int) -> None:
         self.proxied = proxied
@@ -103,6 +103,7 @@ class Held:
         self.generation = generation
         self.pid = os.getpid()
         self.alive: Callable[[], bool] | None = backend.alive_check(self.dbapi)
+        self.pinnable = _may_pin(pool)  # its pool's rule, asked once (give() runs per operation)
 
     def usable(self, pool: Pool) -> bool:
         """What the pool would check before handing this connection out again."""
@@ -198,7 +199,7 @@ class ConnectionCache:
                 and held.generation == self._generation
                 and len(self._idle) < self._max_idle
                 and held.pool is self._engine.pool
-                and _may_pin(held.pool)
+                and held.pinnable
                 and not _full(held.pool)
             ):
                 self._idle.append(held)

@@ -293,13 +293,19 @@ def _on_fresh_stack(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return value  # type: ignore[no-any-return]
 
 
+# The strict, compact JSON encoders of payloads (with and without ASCII escapes), made once:
+# json.dumps with options makes a new JSONEncoder at every call. An encoder keeps only its
+# settings (each encode() has its own state), so one is shared by every thread.
+_ENCODERS = {
+    ascii: json.JSONEncoder(allow_nan=False, ensure_ascii=ascii, separators=(",", ":")) for ascii in (False, True)
+}
+
+
 def _dumps(payload: object, *, ensure_ascii: bool) -> str:
     try:
         # full_depth: whether a payload is accepted does not depend on the caller's stack
         # (a scheduler's fire encodes a schedule's payload again, deeper than schedule())
-        return full_depth(
-            json.dumps, payload, allow_nan=False, ensure_ascii=ensure_ascii, separators=(",", ":")
-        )
+        return full_depth(_ENCODERS[ensure_ascii].encode, payload)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not strict JSON: {exc}") from None
     except RecursionError:

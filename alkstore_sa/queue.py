@@ -69,22 +69,22 @@ def enqueue_params(
 ) -> dict[str, Any]:
     """Validate the per-call options and resolve them over the stamps (no SQL yet). A
     ``unique_key`` makes the backend's enqueue the unique form (SPEC §14)."""
+    # (the None checks are made here, not by calling v.optional_*: this runs per enqueue)
     params = {
         "queue": queue,
-        "delay": v.optional_duration(delay, "delay"),
+        "delay": None if delay is None else v.duration(delay, "delay"),
         "run_at": None if run_at is None else v.aware_datetime(run_at, "run_at"),
         "priority": v.int32(priority, "priority"),
         "max_attempts": opts.max_attempts if max_attempts is None else v.max_attempts(max_attempts),
-        "expires": v.optional_lease(expires, "expires"),
+        "expires": None if expires is None else v.lease(expires, "expires"),
         "visibility_timeout": opts.visibility_timeout,
         "backoff_base": opts.backoff_base,
         "dead_letter_retention": opts.dead_letter_retention,
         "now": store.now(),
         "wake": store.backend.wake_key(queue),
     }
-    key = v.unique_key(unique_key)
-    if key is not None:
-        params["unique_key"] = key
+    if unique_key is not None:
+        params["unique_key"] = v.unique_key(unique_key)
     return params
 
 
