@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from ._common import (
     worker_options,
 )
 from ._errors import TRACEBACK_HINT, UsageError
+
+log = logging.getLogger("alkstore_sa.cli")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -141,6 +144,19 @@ def _serve_metrics(metrics: Any, store: Any, port: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        options = worker_options(
+            concurrency=args.concurrency, worker_id=args.worker_id, batch_size=args.batch_size,
+            poll_interval=args.poll_interval, grace=args.grace,
+        )
+    except InvalidOptions as exc:
+        raise UsageError(f"{exc}; see alkstore worker --help") from None
+    # Installed before the application is imported and the database opened, which can take a
+    # while: a SIGTERM from a process manager meanwhile is a graceful stop (exit 0, nothing
+    # claimed), not the signal's default of ending the process. The worker itself then logs
+    # what it is finishing; a stop blocked past the grace period (an import or a connection
+    # that hangs) ends the process.
+    stop = stop_on_signals(exit_after=options["shutdown_grace"])
     target = load_handler(args.handler)
     queues: list[str] | None = args.queue
     if isinstance(target, Task):  # with or without --queue: a task is called with its args, not the Job
@@ -153,13 +169,6 @@ def run(args: argparse.Namespace) -> int:
             f"--queue is required with a handler ({args.handler!r} is a function, not a Tasks registry); "
             "see alkstore worker --help"
         )
-    try:
-        options = worker_options(
-            concurrency=args.concurrency, worker_id=args.worker_id, batch_size=args.batch_size,
-            poll_interval=args.poll_interval, grace=args.grace,
-        )
-    except InvalidOptions as exc:
-        raise UsageError(f"{exc}; see alkstore worker --help") from None
     metrics = _metrics_module(args.metrics_port)
     store = open_store(args)
     try:
@@ -171,9 +180,9 @@ def run(args: argparse.Namespace) -> int:
                 worker = Worker(store, queues, target, **options)
         except InvalidOptions as exc:  # e.g. a --queue with no task in the registry
             raise UsageError(str(exc)) from exc
-        # the worker itself then logs what it is finishing; a stop blocked past the grace
-        # period (an unresponsive database) ends the process
-        stop = stop_on_signals(exit_after=worker.shutdown_grace)
+        if stop.stopped:  # while starting: nothing was claimed, nothing is to finish
+            log.info("worker: stopped before it started; no job was claimed")
+            return 0
         if metrics is not None:
             _serve_metrics(metrics, store, args.metrics_port)
         worker.run(stop, burst=args.burst)

@@ -819,3 +819,55 @@ def test_an_async_job_that_ignores_cancellation_is_dropped_quietly_at_exit(cli: 
         assert noise not in err, err
     job = q.get_job(job_id)
     assert job is not None and job.state == "processing" and job.errors == [], job  # its claim lapses
+
+
+SLOW_IMPORT = textwrap.dedent(
+    """
+    import os, time
+    from pathlib import Path
+    import alkstore_sa as alk
+
+    MARKS = Path(os.environ["ALK_TEST_MARKS"])
+    (MARKS / "importing").write_text("")
+    deadline = time.monotonic() + 120
+    while not (MARKS / "go on").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # an application whose import takes a while (configuration, a framework)
+
+    tasks = alk.Tasks()
+
+    @tasks.task(queue="early")
+    def mark(n):
+        (MARKS / f"ran {n}").write_text("")
+    """
+)
+
+
+def test_a_stop_while_the_worker_is_still_starting_is_graceful(cli: Cli) -> None:
+    """A SIGTERM while ``alkstore worker`` is still starting (importing the application, here
+    held at its import until the test has sent the signal) was not handled yet: the process
+    died of it (exit -15, "143") instead of exiting 0. The handlers are installed before the
+    application is imported, and a worker stopped before it started claims nothing."""
+    s = cli.install()
+    job_id = s.queue("early").enqueue({"task": "slow_app.mark", "args": [1], "kwargs": {}})
+    (cli.tmp / "slow_app.py").write_text(SLOW_IMPORT)
+    marks = cli.tmp / "marks"
+    marks.mkdir()
+    proc = subprocess.Popen(
+        [str(ALKSTORE), "worker", "slow_app:tasks", *cli.db_args],
+        cwd=cli.tmp, env=cli.env(ALK_TEST_MARKS=str(marks), PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: (marks / "importing").exists() or proc.poll() is not None, "the import", timeout=STARTUP)
+        proc.send_signal(signal.SIGTERM)  # taken (or fatal) before the import can go on
+        (marks / "go on").write_text("")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert "received SIGTERM" in err and "Traceback" not in err, err
+    assert not (marks / "ran 1").exists()
+    job = s.queue("early").get_job(job_id)
+    assert job is not None and job.state == "pending" and job.attempts == 0, job
