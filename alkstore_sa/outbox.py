@@ -95,8 +95,8 @@ class Outbox:
         attempts. ``deliver`` may be ``async def`` (awaited on the relay's event loop). A stop
         lets the delivery in flight finish for up to ``shutdown_grace`` seconds. At-least-once:
         ``deliver`` may see a message again after a crash, so make it idempotent."""
+        from .tasks import is_async_callable
         from .worker import Worker
-        from .worker.dispatch import is_async_callable
 
         stop = v.stop_token(stop)  # Worker.run(None) would run with a token nobody can stop
         if not callable(deliver):  # else every message would fail in it until dead

@@ -171,10 +171,7 @@ class Task(Generic[P, R]):
         self.priority = priority
         # a Task of another registry is async when its function is (before Python 3.12 no
         # markcoroutinefunction below tells inspect so)
-        self.is_async: bool = func.is_async if isinstance(func, Task) else (
-            inspect.iscoroutinefunction(func)
-            or inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004 - a callable object's async __call__
-        )
+        self.is_async: bool = func.is_async if isinstance(func, Task) else is_async_callable(func)
         mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
         if self.is_async and mark is not None:
             mark(self)  # so inspect.iscoroutinefunction(task) answers as for the function
@@ -375,11 +372,27 @@ def _default_name(func: Callable[..., Any]) -> str:
     return v.name(f"{module}.{qualname}", "task name")
 
 
+def _called(fn: object) -> tuple[object, object]:
+    """What calling ``fn`` runs, for telling its kind: the callable under any
+    ``functools.partial`` layers, and that callable's ``__call__`` (an object's). Python's
+    own checks see through a partial of a function, not of a callable object."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn, getattr(fn, "__call__", None)  # noqa: B004 - a callable object's __call__
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` returns a coroutine to await: an ``async def`` function, an
+    object with an ``async def __call__``, or a partial of either (also what
+    ``inspect.markcoroutinefunction`` marked)."""
+    return any(inspect.iscoroutinefunction(f) for f in _called(fn))
+
+
 def generator_problem(fn: object, what: str) -> str | None:
     """Why ``fn`` cannot be a task or handler when it is a generator function (sync or
     async: calling it runs none of its body, and the worker never iterates what it returns),
     else None."""
-    for f in (fn, getattr(fn, "__call__", None)):  # noqa: B004 - a callable object's __call__
+    for f in _called(fn):
         if inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
             kind = "an async generator" if inspect.isasyncgenfunction(f) else "a generator"
             return (

@@ -9,7 +9,6 @@ worker does not have is retried, a payload that is no task call is failed.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 from .._tracing import ExecutionSpan
 from ..model import Job
 from ..queue import JobHandle
-from ..tasks import NotATaskPayload, Tasks, UnknownTask
+from ..tasks import NotATaskPayload, Tasks, UnknownTask, is_async_callable
 from .heartbeater import ClaimKey
 from .outcomes import Outcome, text_of
 
@@ -51,14 +50,6 @@ class Work:
     @property
     def job(self) -> Job:
         return self.handle.job
-
-
-def is_async_callable(fn: object) -> bool:
-    """``async def`` functions, partials of them, and objects with an ``async def __call__``
-    (what ``inspect.iscoroutinefunction`` recognizes, also via ``markcoroutinefunction``)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - a callable object's async __call__
-    )
 
 
 def job_context(h: JobHandle, worker_id: str) -> dict[str, Any]:

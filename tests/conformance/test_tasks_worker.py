@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import sys
@@ -330,7 +331,15 @@ async def _agen() -> Any:
     yield 1
 
 
-@pytest.mark.parametrize("func", [_gen, _agen], ids=["generator", "async-generator"])
+class _Yielding:
+    def __call__(self, *args: Any) -> Any:
+        yield 1
+
+
+@pytest.mark.parametrize(
+    "func", [_gen, _agen, functools.partial(_Yielding(), 1)],
+    ids=["generator", "async-generator", "partial-of-a-generator-object"],
+)
 def test_a_generator_function_is_refused_as_a_task_or_handler(store: alk.Store, qname: str, func: Any) -> None:
     """Calling a generator function runs none of its body, and nothing would iterate what it
     returns: the worker acked such jobs without running them (an ``async def`` with a
@@ -396,6 +405,51 @@ def test_an_async_task_registered_in_a_second_registry_runs_as_async(store: alk.
     alk.Worker(store, app, poll_interval=0.2).run(burst=True)
     assert ran == [1]
     assert store.queue(qname).stats().pending == 0
+
+
+class _AsyncCallable:
+    """An object whose ``__call__`` is ``async def``: an async task or handler."""
+
+    def __init__(self, ran: list[tuple[str, Any]]) -> None:
+        self.ran = ran
+
+    async def __call__(self, *args: Any, tag: str = "") -> None:
+        await asyncio.sleep(0)
+        self.ran.append((tag, args[-1].id if args and isinstance(args[-1], alk.Job) else args))
+
+
+@pytest.mark.parametrize("wrap", [lambda f: f, lambda f: functools.partial(f, tag="p")], ids=["object", "partial"])
+def test_an_object_with_an_async_call_is_awaited_as_a_task_a_handler_and_a_delivery(
+    store: alk.Store, qname: str, wrap: Callable[[Any], Any]
+) -> None:
+    """An object whose ``__call__`` is ``async def`` is an async task or handler, and so is a
+    ``functools.partial`` of one: the partial was taken for sync, its coroutine discarded
+    unawaited, and every job retried ('returned an awaitable') until dead."""
+    ran: list[tuple[str, Any]] = []
+    tag = "" if wrap(len) is len else "p"
+    tasks = alk.Tasks()
+    task = tasks.task(queue=qname, name="callable")(wrap(_AsyncCallable(ran)))
+    assert task.is_async
+    task.enqueue(store, 7)
+    alk.Worker(store, tasks, poll_interval=0.2).run(burst=True)
+    q = store.queue(f"{qname}-h")
+    handler_job = q.enqueue({"n": 1})
+    alk.Worker(store, q, wrap(_AsyncCallable(ran)), poll_interval=0.2).run(burst=True)
+    outbox = store.outbox(f"{qname}-o")
+    outbox.enqueue({"m": 1})
+    stop = alk.StopToken()
+    delivered: list[Any] = []
+
+    class Deliver:
+        async def __call__(self, payload: Any, tag: str = "") -> None:
+            await asyncio.sleep(0)
+            delivered.append((tag, payload))
+            stop.stop()
+
+    outbox.relay(wrap(Deliver()), stop, poll_interval=0.2)
+    assert sorted(ran, key=repr) == sorted([(tag, (7,)), (tag, handler_job)], key=repr)
+    assert delivered == [(tag, {"m": 1})]
+    assert store.queue(qname).stats().pending == 0 and q.stats().pending == 0
 
 
 @pytest.mark.parametrize("make", [_gen, _agen], ids=["generator", "async-generator"])
