@@ -205,6 +205,28 @@ def test_duplicate_name_is_invalid_spec() -> None:
     assert alk.Tasks().task(queue="b")(_send_email).queue == "b"  # another registry is another namespace
 
 
+def test_functions_made_by_one_outer_function_need_a_name_each() -> None:
+    """A function defined inside another one has the same default name (``module.outer.
+    <locals>.inner``) each time the outer function runs: registering a second one is the
+    duplicate-name error, which says why and what to do. With a name each, both register;
+    a worker finds them in the registry (it never imports a task by its name)."""
+    tasks = alk.Tasks()
+
+    def make(kind: str, name: str | None = None) -> alk.Task[[int], str]:
+        @tasks.task(queue="made", name=name)
+        def run(n: int) -> str:
+            return f"{kind}{n}"
+
+        return run
+
+    first = make("a")
+    assert first.name.endswith(".make.<locals>.run")
+    with pytest.raises(alk.InvalidSpec, match=r"defined inside another function.*name=") as info:
+        make("b")
+    assert info.value.spec == first.name
+    assert make("b", name="made.b")(1) == "b1" and tasks["made.b"].func is not first.func
+
+
 def test_decorating_something_else_is_refused() -> None:
     tasks = alk.Tasks()
     with pytest.raises(alk.InvalidOptions, match="keyword"):
