@@ -165,7 +165,11 @@ class Runner:
                 log.warning("job %s: cancelled at shutdown; its claim will lapse", w.handle.id, extra=w.context)
                 outcome = None
             else:
+                # its own code was cancelled (it awaited something cancelled): a retry like
+                # any error, and logged like one
                 outcome = Outcome("retry", f"{w.what} was cancelled")
+                log.warning("job %s of %r: %s; retrying it", w.handle.id, w.handle._queue.name,
+                            outcome.error, extra=w.context)
         except GeneratorExit:
             raise  # a task dropped at shutdown, closed when collected: its claim lapses (loop.py)
         except BaseException:  # noqa: BLE001 - keep the slot count true; the claim will lapse

@@ -795,6 +795,30 @@ def test_a_task_raising_systemexit_or_keyboardinterrupt_is_retried_with_that_err
         assert job.run_at.timestamp() > clock()  # on the backoff curve
 
 
+def test_an_async_task_cancelled_from_inside_is_retried_and_logged(
+    store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ``async def`` task whose own code is cancelled (it awaits a task something else
+    cancelled) is retried with 'task NAME was cancelled', as any error; unlike every other
+    retry it was recorded without a log line, so the log showed nothing of a job that was
+    retried, or went dead, that way."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="cancelled_inside")
+    async def cancelled_inside() -> None:
+        inner = asyncio.ensure_future(asyncio.sleep(3600))
+        inner.cancel()
+        await inner
+
+    job_id = cancelled_inside.enqueue(store)
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        alk.Worker(store, tasks, poll_interval=0.2).run(burst=True)
+    job = _job(store, qname, job_id)
+    assert job is not None and job.state == "pending" and job.errors[-1]["error"] == "task 'cancelled_inside' was cancelled"
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and getattr(r, "job_id", None) == job_id]
+    assert said == [f"job {job_id} of {qname!r}: task 'cancelled_inside' was cancelled; retrying it"], said
+
+
 @pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
 def test_a_background_asyncio_task_raising_systemexit_leaves_the_event_loop_running(
     store: alk.Store, qname: str, raised: BaseException, caplog: pytest.LogCaptureFixture
