@@ -204,6 +204,23 @@ def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = No
     return stop
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def stop_handlers() -> list[Any]:
+    """The handlers of the stop signals now (``stop_on_signals``'s, right after it)."""
+    return [signal.getsignal(s) for s in STOP_SIGNALS]
+
+
+def keep_stop_handlers(handlers: list[Any]) -> None:
+    """Put ``handlers`` (``stop_handlers()``) back where code run since replaced them: an
+    application that installs its own at import would otherwise take SIGTERM from the
+    command that imported it, which then never stops."""
+    for signum, handler in zip(STOP_SIGNALS, handlers, strict=True):
+        if signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+
+
 def exit_past_abandoned_jobs(abandoned: int, code: int = 0) -> None:
     """After a worker stopped and ``abandoned`` jobs still ran at the end of its grace period
     (their claims lapse): end the process now with ``code`` when threads would hold up the

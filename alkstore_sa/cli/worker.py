@@ -19,7 +19,9 @@ from ..worker import Worker
 from ._common import (
     add_database_options,
     exit_past_abandoned_jobs,
+    keep_stop_handlers,
     open_store,
+    stop_handlers,
     stop_on_signals,
     worker_options,
 )
@@ -157,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
     # what it is finishing; a stop blocked past the grace period (an import or a connection
     # that hangs) ends the process.
     stop = stop_on_signals(exit_after=options["shutdown_grace"])
+    ours = stop_handlers()
     target = load_handler(args.handler)
+    keep_stop_handlers(ours)  # the stop stays the worker's, as when its handlers came after the import
     queues: list[str] | None = args.queue
     if isinstance(target, Task):  # with or without --queue: a task is called with its args, not the Job
         raise UsageError(

@@ -871,3 +871,44 @@ def test_a_stop_while_the_worker_is_still_starting_is_graceful(cli: Cli) -> None
     assert not (marks / "ran 1").exists()
     job = s.queue("early").get_job(job_id)
     assert job is not None and job.state == "pending" and job.attempts == 0, job
+
+
+OWN_HANDLER = textwrap.dedent(
+    """
+    import signal
+    import alkstore_sa as alk
+
+    signal.signal(signal.SIGTERM, lambda *_: print("the application's handler", flush=True))
+    tasks = alk.Tasks()
+
+    @tasks.task(queue="own")
+    def nothing():
+        pass
+    """
+)
+
+
+def test_a_sigterm_handler_the_application_installs_at_import_does_not_replace_the_workers(cli: Cli) -> None:
+    """The worker's stop handlers are installed before the application is imported; one the
+    application installs at import must not take SIGTERM from the worker (which then never
+    stopped): the worker's are put back after the import, as when they came after it."""
+    cli.install()
+    (cli.tmp / "own_handler_app.py").write_text(OWN_HANDLER)
+    errfile = cli.tmp / "stderr.txt"
+    with errfile.open("w") as err_out:
+        proc = subprocess.Popen(
+            [str(ALKSTORE), "worker", "own_handler_app:tasks", *cli.db_args],
+            cwd=cli.tmp, env=cli.env(PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=err_out, text=True,
+        )
+    try:
+        wait_for(lambda: "started on" in errfile.read_text() or proc.poll() is not None, "the start", timeout=STARTUP)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    err = errfile.read_text()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert "received SIGTERM" in err and "the application's handler" not in out, (out, err)
