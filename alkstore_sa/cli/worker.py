@@ -114,7 +114,10 @@ def _import(module_name: str, spec: str) -> Any:
             f"handler {spec!r}: importing {module_name!r} called sys.exit({exc.code!r}); is it a "
             "script? Run its main code under `if __name__ == '__main__':`"
         ) from exc
-    except Exception as exc:  # the module's own code raised while being imported
+    except KeyboardInterrupt:  # Ctrl-C under a SIGINT handler of the application's own
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the module's own code raised while being imported
+        # (also a BaseException that is no Exception: asyncio's CancelledError, a framework's own)
         raise UsageError(
             f"handler {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc} "
             f"({TRACEBACK_HINT})"

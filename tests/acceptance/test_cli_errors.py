@@ -403,6 +403,9 @@ MODULES = {
     "needs_dep.py": "import no_such_dependency_xyz\n\ndef handle(job):\n    pass\n",
     "good_jobs.py": "VALUE = 3\n\ndef handle(job):\n    pass\n",
     "script_jobs.py": "import sys\n\ndef handle(job):\n    pass\n\nsys.exit(0)\n",  # a script's unguarded main
+    # BaseExceptions that are no Exception: asyncio's cancellation, a framework's own
+    "cancelled_jobs.py": "import asyncio\n\nraise asyncio.CancelledError('cancelled at import')\n",
+    "exotic_jobs.py": "class Halt(BaseException):\n    pass\n\nraise Halt('halted at import')\n",
 }
 
 
@@ -421,6 +424,8 @@ MODULES = {
         ("./good_jobs:handle", "not a file path: try 'good_jobs:handle'"),
         ("app/good_jobs.py:handle", "not a file path: try 'app.good_jobs:handle'"),
         ("script_jobs:handle", "called sys.exit(0)"),
+        ("cancelled_jobs:handle", "importing 'cancelled_jobs' failed: CancelledError: cancelled at import"),
+        ("exotic_jobs:handle", "importing 'exotic_jobs' failed: Halt: halted at import"),
     ],
 )
 def test_handler_path_mistakes_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, spec: str, says: str) -> None:
