@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -429,5 +430,28 @@ def _task_queues(store: Store, tasks: Tasks, queues: object) -> list[Queue]:
         if q.name not in have:
             raise InvalidOptions(
                 f"queue {q.name!r} has no task in this registry (its queues: {', '.join(map(repr, have))})"
+                f"{_spelling_hint(q.name, have)}"
             )
     return chosen
+
+
+def _spelling(name: str) -> str:
+    for form in ("NFC", "NFD"):
+        if unicodedata.is_normalized(form, name):
+            return form
+    return "mixed"
+
+
+def _spelling_hint(name: str, names: list[str]) -> str:
+    """What tells ``name`` from a name among ``names`` it prints like: the same text in
+    another Unicode spelling (composed 'é' or 'e' with a combining accent; names are exact
+    code points, SPEC §3). Empty when there is none."""
+    key = unicodedata.normalize("NFC", name)
+    for other in names:
+        if unicodedata.normalize("NFC", other) == key:
+            return (
+                f"; it differs from {other!r} only in its Unicode spelling ({_spelling(name)}, not "
+                f"{_spelling(other)}): names are exact code points, so normalize them, e.g. "
+                "unicodedata.normalize('NFC', name)"
+            )
+    return ""

@@ -92,6 +92,18 @@ def test_a_queue_without_a_task_is_refused_naming_the_registry_queues(store: alk
         alk.Worker(store, tasks, queues=[])
 
 
+def test_a_queue_named_in_another_unicode_spelling_is_told_apart(store: alk.Store) -> None:
+    """Names are exact code points: 'café' composed (NFC) and decomposed (NFD) are two
+    queues. A worker asked for the other spelling said "queue 'café' has no task in this
+    registry (its queues: 'café')", two names that print alike; it now says how they differ."""
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    tasks = alk.Tasks()
+    tasks.task(queue=composed, name="t")(lambda: None)
+    with pytest.raises(alk.InvalidOptions, match=r"differs from 'café' only in its Unicode spelling \(NFD, not NFC\)"):
+        alk.Worker(store, tasks, queues=[decomposed])
+    assert [q.name for q in alk.Worker(store, tasks, queues=[composed]).queues] == [composed]
+
+
 def test_handler_form_takes_one_or_several_queues(store: alk.Store, qname: str) -> None:
     def handler(job: alk.Job) -> None:
         return None
