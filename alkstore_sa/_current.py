@@ -3,7 +3,9 @@
 Internal API for the worker: it runs each handler or task inside ``running(job)``, entered
 in the thread or the asyncio task that executes it. A context variable keeps concurrent
 jobs apart: every thread has its own context, every asyncio task a copy of its creator's
-(so tasks a job spawns see that job too).
+(so tasks a job spawns see that job too). The variable holds a one-item cell, emptied
+when the job ends: an asyncio task the job left running, or a context copied in it and
+run later, then sees no job rather than one that is no longer executing.
 
 The worker passes the job's claim handle rather than a ``Job``: the ``Job`` value (its
 datetimes, its error history) is built the first time ``current_job()`` asks for it, so a
@@ -23,12 +25,14 @@ class _HasJob(Protocol):
     def job(self) -> Job: ...
 
 
-_job: ContextVar[Job | _HasJob | None] = ContextVar("alkstore_sa.current_job", default=None)
+_Current = Job | _HasJob
+_job: ContextVar[list[_Current | None] | None] = ContextVar("alkstore_sa.current_job", default=None)
 
 
 def current_job() -> Job | None:
     """The ``Job`` being executed in the current handler or task, else ``None``."""
-    current = _job.get()
+    cell = _job.get()
+    current = None if cell is None else cell[0]
     if current is None or isinstance(current, Job):
         return current
     return current.job
@@ -40,16 +44,17 @@ class running:
     exit it in the same thread or asyncio task. (A class, not a generator: it is entered
     once per job run.)"""
 
-    __slots__ = ("_current", "_token")
+    __slots__ = ("_cell", "_token")
 
-    def __init__(self, job: Job | _HasJob) -> None:
-        self._current = job
-        self._token: Token[Job | _HasJob | None] | None = None
+    def __init__(self, job: _Current) -> None:
+        self._cell: list[_Current | None] = [job]  # emptied at exit, in every copy of the context
+        self._token: Token[list[_Current | None] | None] | None = None
 
     def __enter__(self) -> None:
-        self._token = _job.set(self._current)
+        self._token = _job.set(self._cell)
 
     def __exit__(self, *exc_info: object) -> None:
+        self._cell[0] = None  # the job ended: what it left running no longer runs inside it
         if self._token is not None:
             token, self._token = self._token, None
             # ValueError: exited in another context than it was entered — the coroutine of an

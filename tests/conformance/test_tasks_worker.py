@@ -1231,6 +1231,42 @@ def test_current_job_is_each_tasks_own_in_threads_and_asyncio_tasks(store: alk.S
     assert alk.current_job() is None
 
 
+def test_current_job_is_none_once_the_job_ended_in_what_it_left_running(store: alk.Store, qname: str) -> None:
+    """An asyncio task a job spawned and left running (fire and forget), or a context copied
+    in it and run later, saw that job as ``alk.current_job()`` after it was acked: a job no
+    longer executing, which a log filter or a follow-up enqueue would then take for its own."""
+    tasks = alk.Tasks()
+    job_over = threading.Event()
+    seen: dict[str, int | None] = {}
+    copied: list[contextvars.Context] = []
+    left: list[asyncio.Task[None]] = []
+
+    def current_id() -> int | None:
+        job = alk.current_job()
+        return None if job is None else job.id
+
+    async def background() -> None:
+        seen["spawned, during"] = current_id()
+        while not job_over.is_set():
+            await asyncio.sleep(0.005)
+        seen["spawned, after"] = current_id()
+
+    @tasks.task(queue=qname, name="spawns")
+    async def spawns() -> None:
+        left.append(asyncio.get_running_loop().create_task(background()))
+        await asyncio.sleep(0)
+        copied.append(contextvars.copy_context())
+
+    job_id = spawns.enqueue(store)
+    with running(alk.Worker(store, tasks, poll_interval=0.2)) as r:
+        wait_for(lambda: _job(store, qname, job_id) is None, "the ack")
+        job_over.set()
+        wait_for(lambda: "spawned, after" in seen, "the spawned task to look again")
+        r.stop_and_join()
+    assert seen == {"spawned, during": job_id, "spawned, after": None}
+    assert copied[0].run(current_id) is None
+
+
 # -- heartbeats, lost claims and stopping, for async jobs ----------------------------------------
 
 
