@@ -310,13 +310,16 @@ class Tasks:
     def _add(self, task: Task[..., Any]) -> None:
         existing = self._tasks.get(task.name)
         if existing is not None:
-            why = (
-                # a closure's default name is its outer function's, the same on every run of it
-                ": it is the default name of a function defined inside another function, the "
-                "same each time the outer one runs; pass name=... (e.g. made from the outer "
-                "function's arguments) to register each"
-                if ".<locals>." in task.name else "; pass name=... to register another"
-            )
+            if task.name.endswith(".<lambda>"):  # every lambda of one scope has one qualname
+                why = ": it is the default name of every lambda defined there; pass name=... to register each"
+            elif ".<locals>." in task.name:  # a closure's name is the same on every run of its outer function
+                why = (
+                    ": it is the default name of a function defined inside another function, the "
+                    "same each time the outer one runs; pass name=... (e.g. made from the outer "
+                    "function's arguments) to register each"
+                )
+            else:
+                why = "; pass name=... to register another"
             raise InvalidSpec(
                 task.name,
                 f"a task named {task.name!r} is already in this registry (on queue {existing.queue!r}){why}",

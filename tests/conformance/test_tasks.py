@@ -225,6 +225,9 @@ def test_functions_made_by_one_outer_function_need_a_name_each() -> None:
         make("b")
     assert info.value.spec == first.name
     assert make("b", name="made.b")(1) == "b1" and tasks["made.b"].func is not first.func
+    tasks.task(lambda: 1)
+    with pytest.raises(alk.InvalidSpec, match=r"default name of every lambda defined there; pass name="):
+        tasks.task(lambda: 2)
 
 
 def test_decorating_something_else_is_refused() -> None:
