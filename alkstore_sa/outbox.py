@@ -95,12 +95,15 @@ class Outbox:
         attempts. ``deliver`` may be ``async def`` (awaited on the relay's event loop). A stop
         lets the delivery in flight finish for up to ``shutdown_grace`` seconds. At-least-once:
         ``deliver`` may see a message again after a crash, so make it idempotent."""
-        from .tasks import is_async_callable
+        from .tasks import call_problem, is_async_callable
         from .worker import Worker
 
         stop = v.stop_token(stop)  # Worker.run(None) would run with a token nobody can stop
         if not callable(deliver):  # else every message would fail in it until dead
             raise InvalidOptions(f"deliver must be callable, got {type(deliver).__name__}")
+        problem = call_problem(deliver, "deliver")  # checked here: the worker sees a wrapper
+        if problem is not None:
+            raise InvalidOptions(problem)
         handler: Callable[[Job], Any]
         if is_async_callable(deliver):
 

@@ -298,7 +298,7 @@ class Tasks:
                 f = f.__func__
             if not callable(f):
                 raise InvalidOptions(f"@tasks.task decorates a function, got a {type(f).__name__}")
-            problem = generator_problem(f, f"task {name or _default_name(f)!r}")
+            problem = call_problem(f, f"task {name or _default_name(f)!r}")
             if problem is not None:
                 raise InvalidOptions(problem)
             task = Task(f, name=name or _default_name(f), queue=queue, opts=opts, priority=priority)
@@ -381,12 +381,21 @@ def _default_name(func: Callable[..., Any]) -> str:
     return v.name(f"{module}.{qualname}", "task name")
 
 
-def _called(fn: object) -> tuple[object, object]:
-    """What calling ``fn`` runs, for telling its kind: the callable under any
-    ``functools.partial`` layers, and that callable's ``__call__`` (an object's). Python's
-    own checks see through a partial of a function, not of a callable object."""
+def _unpartial(fn: object) -> object:
+    """The callable under any ``functools.partial`` layers."""
     while isinstance(fn, functools.partial):
         fn = fn.func
+    return fn
+
+
+def _called(fn: object) -> tuple[object, ...]:
+    """What calling ``fn`` runs, for telling its kind: the callable under any partial
+    layers, and an object's ``__call__`` (Python's own checks see through a partial of a
+    function, not of a callable object). A class's own ``__call__`` is its instances': what
+    calling the class runs is its constructor."""
+    fn = _unpartial(fn)
+    if isinstance(fn, type):
+        return (fn,)
     return fn, getattr(fn, "__call__", None)  # noqa: B004 - a callable object's __call__
 
 
@@ -397,10 +406,19 @@ def is_async_callable(fn: object) -> bool:
     return any(inspect.iscoroutinefunction(f) for f in _called(fn))
 
 
-def generator_problem(fn: object, what: str) -> str | None:
-    """Why ``fn`` cannot be a task or handler when it is a generator function (sync or
+def call_problem(fn: object, what: str) -> str | None:
+    """Why ``fn`` cannot be a task or handler, else None: a generator function (sync or
     async: calling it runs none of its body, and the worker never iterates what it returns),
-    else None."""
+    or a class whose instances' ``__call__`` is ``async def`` or a generator (given where an
+    instance was meant: calling the class only makes an instance)."""
+    cls = _unpartial(fn)
+    if isinstance(cls, type):
+        call = getattr(cls, "__call__", None)  # noqa: B004 - its instances' __call__
+        if inspect.iscoroutinefunction(call) or inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call):
+            return (
+                f"{what} is a class ({cls.__name__}): calling it only makes an instance, and its "
+                f"__call__ would never run; pass an instance ({cls.__name__}(), say)"
+            )
     for f in _called(fn):
         if inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
             kind = "an async generator" if inspect.isasyncgenfunction(f) else "a generator"

@@ -26,7 +26,7 @@ from ..model import Job
 from ..queue import JobHandle, Queue
 from ..stop import Nudge, StopToken
 from ..store import Store
-from ..tasks import Task, Tasks, generator_problem
+from ..tasks import Task, Tasks, call_problem
 from . import observe
 from .acker import Acker, Answer
 from .claimer import Claimer
@@ -101,7 +101,7 @@ class Worker:
                 )
             if not callable(handler):
                 raise InvalidOptions("handler must be callable")
-            problem = generator_problem(handler, "the handler")
+            problem = call_problem(handler, "the handler")
             if problem is not None:
                 raise InvalidOptions(problem)
             if isinstance(handler, Task):

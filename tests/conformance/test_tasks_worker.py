@@ -419,6 +419,37 @@ def test_an_async_task_registered_in_a_second_registry_runs_as_async(store: alk.
     assert store.queue(qname).stats().pending == 0
 
 
+class _AsyncCallClass:
+    async def __call__(self, *args: Any) -> None: ...
+
+
+class _GeneratorCallClass:
+    def __call__(self, *args: Any) -> Any:
+        yield 1
+
+
+@pytest.mark.parametrize("cls", [_AsyncCallClass, _GeneratorCallClass], ids=["async-call", "generator-call"])
+def test_a_class_whose_call_is_async_or_a_generator_is_refused_asking_for_an_instance(
+    store: alk.Store, qname: str, cls: type
+) -> None:
+    """Given the class where an instance was meant, calling it only makes an instance: its
+    ``async def __call__`` was taken for the class's, the worker awaited the instance and
+    every job was retried ('object ... can't be used in 'await' expression') until dead; a
+    generator ``__call__`` was refused as 'a generator function'. Both are refused at
+    registration, asking for an instance; an instance works (test above)."""
+    tasks = alk.Tasks()
+    with pytest.raises(alk.InvalidOptions, match=rf"is a class.*pass an instance \({cls.__name__}\(\)"):
+        tasks.task(queue=qname, name="cls")(cls)
+    assert "cls" not in tasks
+    with pytest.raises(alk.InvalidOptions, match=r"is a class.*pass an instance"):
+        alk.Worker(store, qname, cls)
+    outbox = store.outbox(qname)
+    message = outbox.enqueue({"m": 1})
+    with pytest.raises(alk.InvalidOptions, match=r"deliver is a class.*pass an instance"):
+        outbox.relay(cls, alk.StopToken())
+    assert outbox.get_job(message) is not None  # nothing claimed
+
+
 class _AsyncCallable:
     """An object whose ``__call__`` is ``async def``: an async task or handler."""
 
