@@ -132,17 +132,23 @@ def outcome_of(work: Work) -> Outcome:
 async def aoutcome_of(work: Work) -> Outcome:
     """Await an ``async def`` handler or task (in its own asyncio task on the worker's loop)
     and map what it did to an Outcome. ``CancelledError`` is not an outcome: it propagates
-    to the runner, which knows whether the worker cancelled it. Nor is ``GeneratorExit``:
-    the coroutine is being closed — a task dropped at shutdown for ignoring its cancellation,
-    collected once the worker's loop is gone — and nothing may be recorded for it."""
+    to the runner, which knows whether the worker cancelled it. Nor is ``GeneratorExit``
+    when the coroutine is being closed — a task dropped at shutdown for ignoring its
+    cancellation, collected once the worker's loop is gone — and nothing may be recorded
+    for it; one the job's own code raises is an outcome like any other."""
     call = work.call
     assert call is not None  # set for every Work that is run
+    me = asyncio.current_task()
     started = time.perf_counter()
     try:
         with running(work.handle):  # set in this asyncio task's own context
             result = await call()
-    except (asyncio.CancelledError, GeneratorExit):
+    except asyncio.CancelledError:
         raise
+    except GeneratorExit as exc:
+        if _closed(me):
+            raise
+        return _raised(work, exc)  # raised by the job's own code, as it ran
     except BaseException as exc:  # noqa: BLE001 - anything else the handler raises is an outcome
         return _raised(work, exc)
     finally:
@@ -156,6 +162,17 @@ async def aoutcome_of(work: Work) -> Outcome:
         log.warning("job %s of %r: %s", work.handle.id, work.handle._queue.name, message, extra=work.context)
         return Outcome("retry", message)
     return ACK
+
+
+def _closed(me: asyncio.Task[Any] | None) -> bool:
+    """Whether a GeneratorExit in the job's coroutine is its close — the task dropped at
+    shutdown, collected once the loop is gone or while it steps another task — rather than
+    an exception the job's code raised while running: a close is never a step of the job's
+    own asyncio task."""
+    try:
+        return asyncio.current_task() is not me
+    except RuntimeError:  # no event loop runs in this thread: it is gone
+        return True
 
 
 _UNREADABLE: Any = object()  # "reading the attribute raised"

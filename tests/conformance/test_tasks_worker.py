@@ -838,6 +838,32 @@ def test_a_task_raising_systemexit_or_keyboardinterrupt_is_retried_with_that_err
         assert job.run_at.timestamp() > clock()  # on the backoff curve
 
 
+def test_an_async_task_raising_generatorexit_is_retried_and_frees_its_slot(
+    store: alk.Store, qname: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    """GeneratorExit raised by an ``async def`` task's own code (not its coroutine being
+    closed) was taken for the close of a task dropped at shutdown: nothing was recorded, the
+    job's slot was never freed (a worker with one slot ran nothing more) and asyncio logged
+    'Task exception was never retrieved'. It is retried with the error, like a sync task's."""
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="exits")
+    async def exits() -> None:
+        await asyncio.sleep(0)
+        raise GeneratorExit("from the task")
+
+    @tasks.task(queue=qname, name="after")
+    async def after() -> None:
+        pass
+
+    first, second = exits.enqueue(store), after.using(priority=-1).enqueue(store)
+    with running(alk.Worker(store, tasks, concurrency=1, poll_interval=0.2)) as r:
+        wait_for(lambda: _job(store, qname, second) is None, "the job after it (one slot)")
+        r.stop_and_join()
+    job = _job(store, qname, first)
+    assert job is not None and job.state == "pending" and job.errors[-1]["error"] == "GeneratorExit: from the task", job
+
+
 def test_an_async_task_cancelled_from_inside_is_retried_and_logged(
     store: alk.Store, qname: str, caplog: pytest.LogCaptureFixture
 ) -> None:
