@@ -72,6 +72,13 @@ def load_handler(spec: str) -> Callable[..., Any] | Tasks:
             obj = getattr(obj, part)
         except AttributeError:
             raise UsageError(f"handler {spec!r}: {where!r} has no attribute {part!r}; check the spelling") from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the application's code (a lazy module attribute, a property) raised
+            raise UsageError(
+                f"handler {spec!r}: reading {part!r} of {where!r} failed: {type(exc).__name__}: {exc} "
+                f"({TRACEBACK_HINT})"
+            ) from exc
         where = f"{where}:{part}" if where == module_name else f"{where}.{part}"
     if not callable(obj) and not isinstance(obj, Tasks):
         raise UsageError(

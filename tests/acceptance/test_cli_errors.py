@@ -406,6 +406,8 @@ MODULES = {
     # BaseExceptions that are no Exception: asyncio's cancellation, a framework's own
     "cancelled_jobs.py": "import asyncio\n\nraise asyncio.CancelledError('cancelled at import')\n",
     "exotic_jobs.py": "class Halt(BaseException):\n    pass\n\nraise Halt('halted at import')\n",
+    # a lazy attribute (PEP 562) whose own import fails
+    "lazy_jobs.py": "def __getattr__(name):\n    raise ImportError(f'lazy load of {name} failed')\n",
 }
 
 
@@ -426,6 +428,7 @@ MODULES = {
         ("script_jobs:handle", "called sys.exit(0)"),
         ("cancelled_jobs:handle", "importing 'cancelled_jobs' failed: CancelledError: cancelled at import"),
         ("exotic_jobs:handle", "importing 'exotic_jobs' failed: Halt: halted at import"),
+        ("lazy_jobs:tasks", "reading 'tasks' of 'lazy_jobs' failed: ImportError: lazy load of tasks failed"),
     ],
 )
 def test_handler_path_mistakes_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, spec: str, says: str) -> None:
