@@ -169,9 +169,8 @@ class Task(Generic[P, R]):
         self.queue = queue
         self.opts = opts
         self.priority = priority
-        # a Task of another registry is async when its function is (before Python 3.12 no
-        # markcoroutinefunction below tells inspect so)
-        self.is_async: bool = func.is_async if isinstance(func, Task) else is_async_callable(func)
+        # (a Task of another registry, or a partial of one, is async when its function is)
+        self.is_async: bool = is_async_callable(func)
         mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
         if self.is_async and mark is not None:
             mark(self)  # so inspect.iscoroutinefunction(task) answers as for the function
@@ -382,8 +381,9 @@ def _default_name(func: Callable[..., Any]) -> str:
 
 
 def _unpartial(fn: object) -> object:
-    """The callable under any ``functools.partial`` layers."""
-    while isinstance(fn, functools.partial):
+    """The callable under any ``functools.partial`` layers, and under a Task its function
+    (before Python 3.12 nothing marks an async Task itself as a coroutine function)."""
+    while isinstance(fn, (functools.partial, Task)):
         fn = fn.func
     return fn
 

@@ -495,6 +495,27 @@ def test_an_object_with_an_async_call_is_awaited_as_a_task_a_handler_and_a_deliv
     assert store.queue(qname).stats().pending == 0 and q.stats().pending == 0
 
 
+def test_a_partial_of_an_async_task_registered_again_runs_as_async(store: alk.Store, qname: str) -> None:
+    """``functools.partial`` of an ``async def`` Task (arguments bound, registered in another
+    registry) is async too: before Python 3.12 nothing marks the Task itself as a coroutine
+    function, so the partial was taken for sync and every job retried ('returned an
+    awaitable') until dead."""
+    shared, app = alk.Tasks(), alk.Tasks()
+    ran: list[tuple[str, int]] = []
+
+    @shared.task(queue=f"{qname}-shared", name="inner")
+    async def inner(region: str, n: int) -> None:
+        await asyncio.sleep(0)
+        ran.append((region, n))
+
+    bound = app.task(queue=qname, name="eu")(functools.partial(inner, "eu"))
+    assert bound.is_async
+    bound.enqueue(store, 1)
+    alk.Worker(store, app, poll_interval=0.2).run(burst=True)
+    assert ran == [("eu", 1)]
+    assert store.queue(qname).stats().pending == 0
+
+
 @pytest.mark.parametrize("make", [_gen, _agen], ids=["generator", "async-generator"])
 def test_a_task_or_handler_returning_a_generator_is_retried_never_acked(
     store: alk.Store, qname: str, make: Callable[[], Any]
