@@ -155,7 +155,15 @@ COLD_AFTER = 1.0
 process at once); one sooner is the same keypress, forwarded by a wrapper."""
 
 
-def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = None) -> StopToken:
+class SignalStop(StopToken):
+    """The StopToken of ``stop_on_signals``. ``signalled`` is set in the signal handler
+    itself, so the main thread sees it as soon as the handler returns; ``stopped`` follows
+    once the thread the handler hands the stop to has run."""
+
+    signalled = False
+
+
+def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = None) -> SignalStop:
     """A StopToken that SIGTERM and SIGINT stop (graceful shutdown, exit code 0); each
     signal is logged with what happens next (``stopping``).
 
@@ -171,7 +179,7 @@ def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = No
     a call that no stop can interrupt — a connection to an unresponsive database server,
     which has no timeout of its own — and is ended there with exit code 1 and a line saying
     so, instead of ignoring every SIGTERM and SIGINT until its process manager kills it."""
-    stop = StopToken()
+    stop = SignalStop()
     first_at: list[float] = []  # when the first stop signal came (set in the handler only)
 
     def stop_after(name: str, first: bool) -> None:
@@ -190,6 +198,7 @@ def stop_on_signals(stopping: str = "stopping", *, exit_after: float | None = No
         # holds a lock stopping needs (the token's, an Event's, a log handler's): taking it
         # here would deadlock, so the stop (and its log line) happen on a thread of their own.
         # Handlers run one at a time in the main thread, so first_at needs no lock.
+        stop.signalled = True
         name = signal.Signals(signum).name
         now = time.monotonic()
         if first_at and signum == signal.SIGINT and now - first_at[0] >= COLD_AFTER:

@@ -194,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
                 worker = Worker(store, queues, target, **options)
         except InvalidOptions as exc:  # e.g. a --queue with no task in the registry
             raise UsageError(str(exc)) from exc
-        if stop.stopped:  # while starting: nothing was claimed, nothing is to finish
+        if stop.signalled:  # while starting (set in the handler itself: no race with its thread)
+            stop.wait()  # the signal's own log line is out once the stop has landed
             log.info("worker: stopped before it started; no job was claimed")
             return 0
         if metrics is not None:
