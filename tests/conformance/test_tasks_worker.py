@@ -489,7 +489,14 @@ def test_an_object_with_an_async_call_is_awaited_as_a_task_a_handler_and_a_deliv
             delivered.append((tag, payload))
             stop.stop()
 
-    outbox.relay(wrap(Deliver()), stop, poll_interval=0.2)
+    relay = threading.Thread(target=outbox.relay, args=(wrap(Deliver()), stop), kwargs={"poll_interval": 0.2}, daemon=True)
+    relay.start()
+    try:
+        wait_for(lambda: delivered, "the delivery")
+    finally:
+        stop.stop()
+        relay.join(WAIT)
+    assert not relay.is_alive()
     assert sorted(ran, key=repr) == sorted([(tag, (7,)), (tag, handler_job)], key=repr)
     assert delivered == [(tag, {"m": 1})]
     assert store.queue(qname).stats().pending == 0 and q.stats().pending == 0
