@@ -24,11 +24,19 @@ from ._validate import full_depth
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\{\}|\[\]|[{}\[\],:]|[^"{}\[\],:]+', re.DOTALL)
 
 
+# Made once, and called as the enqueue path calls its own (_validate._dumps): the encoder's
+# encode() straight on the fresh stack, so showing a payload takes exactly the frames that
+# accepting it took (json.dumps would add one, and the deepest payload accepted would fail)
+_ENCODERS = {
+    (ascii, keys): json.JSONEncoder(ensure_ascii=ascii, sort_keys=keys, separators=(",", ":"))
+    for ascii in (False, True)
+    for keys in (False, True)
+}
+
+
 def compact(value: Any, *, ensure_ascii: bool = True, sort_keys: bool = False) -> str:
     """``value`` as compact JSON text (``","`` and ``":"`` separators)."""
-    return full_depth(
-        json.dumps, value, ensure_ascii=ensure_ascii, sort_keys=sort_keys, separators=(",", ":")
-    )
+    return full_depth(_ENCODERS[ensure_ascii, sort_keys].encode, value)
 
 
 def indented(text: str, indent: int = 2) -> str:
