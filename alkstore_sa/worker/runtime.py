@@ -330,23 +330,30 @@ class Worker:
     def _finish_landed(self, works: list[Work]) -> None:
         """Record the acks of a batch that landed (acker.py; it asked the roster first, so
         each claim was live and settling): what ``_finish`` does for each, with one lock per
-        batch rather than three per job."""
+        batch rather than three per job. Each job's own bookkeeping is tried on its own, as
+        in ``_finish``: one that raises (a span whose ``end`` fails) costs no other job its."""
         try:
             with self._count_lock:
                 self.processed += len(works)
             debug = log.isEnabledFor(logging.DEBUG)
             for w in works:
-                observe.finished(w.handle, observe.ACKED, w.duration)
-                if debug:
-                    log.debug("job %s: %s", w.handle.id, "ack", extra=w.context)  # as _finish words it
+                try:
+                    observe.finished(w.handle, observe.ACKED, w.duration)
+                    if debug:
+                        log.debug("job %s: %s", w.handle.id, "ack", extra=w.context)  # as _finish words it
+                except BaseException:  # noqa: BLE001 - one job's bookkeeping must not cost the others theirs
+                    log.exception("job %s: recording its ack failed unexpectedly", w.handle.id)
         finally:
             self._roster.remove_all([w.key for w in works])  # these claims only (see _finish)
             claimer = self._claimer
             for w in works:
-                if claimer is not None:
-                    claimer.finished(w.handle._queue.name)  # room under a concurrency limit
-                if w.span is not None:  # alkstore_sa.tracing: the execution's span ends here
-                    w.span.end(ACK, observe.ACKED)
+                try:
+                    if claimer is not None:
+                        claimer.finished(w.handle._queue.name)  # room under a concurrency limit
+                    if w.span is not None:  # alkstore_sa.tracing: the execution's span ends here
+                        w.span.end(ACK, observe.ACKED)
+                except BaseException:  # noqa: BLE001 - as above
+                    log.exception("job %s: recording its ack failed unexpectedly", w.handle.id)
 
 
 def _traced(tracer: _tracing.Tracer, works: list[Work]) -> None:

@@ -11,6 +11,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 import alkstore_sa as alk
 from alkstore_sa import tracing
 from alkstore_sa.scheduler import Scheduler
+from alkstore_sa.worker import acker
 from tests.support import PG_URL, FakeClock, Target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -515,6 +517,53 @@ def test_a_span_that_cannot_be_opened_leaves_the_job_untraced_not_stranded(
         run_burst(store, qname, lambda job: ran.append(job.id))
     assert sorted(ran) == ids and q.stats().pending == 0
     assert caplog.text.count("its trace span could not be opened; it runs untraced") == 3
+
+
+class _EndFailsOnce:
+    """An application's tracer whose first execution span to end raises in ``end()`` (a
+    span processor of its SDK failing once): every other span ends as usual."""
+
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+        self._failed = threading.Lock()  # taken by the one end() that raises
+
+    def start_span(self, *args: Any, **kwargs: Any) -> Any:
+        span = self._tracer.start_span(*args, **kwargs)
+        if kwargs.get("kind") is SpanKind.CONSUMER:
+            end = span.end
+
+            def end_fails_once(*a: Any, **kw: Any) -> None:
+                if self._failed.acquire(blocking=False):
+                    raise RuntimeError("span processor failed")
+                end(*a, **kw)
+
+            span.end = end_fails_once
+        return span
+
+
+def test_a_span_whose_end_raises_costs_no_other_job_of_its_ack_batch_its_span(
+    spans: InMemorySpanExporter, store: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The acks of jobs finishing together land in one statement and are recorded together:
+    one job's span whose ``end()`` raises is that job's loss alone (logged), as when each
+    ack was recorded on its own — the other jobs of the batch still end their spans (and
+    tell the claimer they finished, just before)."""
+    monkeypatch.setattr(acker, "MAX_DELAY", 60.0)  # one batch: written once every job in flight waits
+    q = store.queue(qname)
+    ids = q.enqueue_many([1, 2, 3])
+    installed = tracing._installed
+    assert installed is not None
+    monkeypatch.setattr(installed, "_tracer", _EndFailsOnce(installed._tracer))
+    worker = alk.Worker(store, qname, lambda job: None, concurrency=3, poll_interval=0.1)
+    with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
+        worker.run(burst=True)
+    assert q.stats().pending == 0 and worker.processed == 3
+    processed = named(spans, f"process {qname}")
+    assert len(processed) == 2, f"{len(processed)} of the 2 other jobs' spans ended"
+    assert {s.attributes["alkstore.outcome"] for s in processed} == {"acked"}
+    assert set(by_message(processed)) < {str(i) for i in ids}
+    assert caplog.text.count("recording its ack failed unexpectedly") == 1
 
 
 class _BrokenProducerTracer(_BrokenTracer):
