@@ -26,11 +26,11 @@ from .queue import Queue, QueueOpts
 from .store import Store, store_for
 from .transactional import (
     bind_of_caller,
+    enqueue_as,
     is_async_session,
     run_in_async_transaction,
     sync_given_to_async,
 )
-from .transactional import enqueue as enqueue_in_transaction
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -133,7 +133,7 @@ class TaskCall(Generic[P]):
             if own:
                 return Queue._unchecked(cast(Store, target), task.queue, task.opts).enqueue(payload, **options)
             queue = _queue_in(cast(EnqueueTarget, target), task)
-            return enqueue_in_transaction(cast(Any, target), queue, payload, **options)
+            return enqueue_as("task", cast(Any, target), queue, payload, **options)
         except PayloadError as exc:
             raise PayloadError(f"task {task.name!r}: {exc}") from None
 

@@ -218,15 +218,15 @@ async def run_in_async_transaction(
 
 
 def _target(
-    session: SessionLike, queue: str | Queue, function: str, *, allow_reserved: bool = False
+    session: SessionLike, queue: str | Queue, function: str, *, allow_reserved: bool = False, owner: str = "alk"
 ) -> tuple[Engine | Connection, Store | _DefaultStore, str, Any]:
     """The caller's bind (no connection taken yet: see ``bind_of_caller``), the store the
     call writes through, the queue's name and the options it stamps."""
     if isinstance(queue, Queue):
         queue.store._check_open()
-        return bind_of_caller(session, function), queue.store, queue.name, queue.opts
+        return bind_of_caller(session, function, owner), queue.store, queue.name, queue.opts
     name = v.name(queue, "queue name", allow_reserved=allow_reserved)
-    bind = bind_of_caller(session, function)
+    bind = bind_of_caller(session, function, owner)
     return bind, store_for(bind), name, DEFAULT_OPTS
 
 
@@ -249,13 +249,34 @@ def enqueue(
     nothing is written and that job's id is returned; one held by another open transaction
     makes this wait until that transaction ends (SPEC §14).
     """
-    bind, store, name, opts = _target(session, queue, "enqueue")
+    return enqueue_as(
+        "alk", session, queue, payload, delay=delay, run_at=run_at, priority=priority,
+        max_attempts=max_attempts, expires=expires, unique_key=unique_key,
+    )
+
+
+def enqueue_as(
+    owner: str,
+    session: SessionLike,
+    queue: str | Queue,
+    payload: Any,
+    *,
+    delay: v.Duration | None = None,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    expires: v.Duration | None = None,
+    unique_key: str | None = None,
+) -> int:
+    """``enqueue``, called as ``owner.enqueue`` (``task`` for a Task's): its refusals of the
+    session name the call the caller made."""
+    bind, store, name, opts = _target(session, queue, "enqueue", owner=owner)
     params = enqueue_params(
         store, name, opts, delay=delay, run_at=run_at, priority=priority,
         max_attempts=max_attempts, expires=expires, unique_key=unique_key,
     )
     params["payload"] = v.encode_payload(payload, store.max_payload_bytes)
-    ex = store.session_executor(_connect(session, bind, "enqueue", "alk"))
+    ex = store.session_executor(_connect(session, bind, "enqueue", owner))
     return ex.backend.enqueue(ex, params)
 
 

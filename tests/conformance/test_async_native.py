@@ -155,6 +155,44 @@ def test_calls_gathered_on_one_async_session_are_refused_with_invalid_options(
         assert store.queue(name).stats().pending == 2
 
 
+def test_task_calls_gathered_on_one_async_session_are_refused_naming_the_tasks_call(
+    target_and_url: tuple[Target, sa.URL],
+) -> None:
+    """The same misuse through a Task: the refusal names the call that was made,
+    ``task.aenqueue`` (as every other refusal of a Task's enqueue does), not
+    ``alk.aenqueue``, which the caller never called; the caller's transaction is intact."""
+    target, url = target_and_url
+    name = _qname()
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=name, name="greet")
+    def greet(who: str) -> None:
+        pass
+
+    async def scenario(store: alk.Store) -> tuple[list[Any], list[int]]:
+        engine = create_async_engine(url)  # no pooled connection: the session must make one
+        store.register(engine)
+        try:
+            async with AsyncSession(engine) as session:
+                results = await asyncio.gather(
+                    greet.aenqueue(session, "first"), greet.aenqueue(session, "second"), return_exceptions=True
+                )
+                later = await greet.aenqueue(session, "later")
+                await session.commit()
+            return results, [later]
+        finally:
+            await engine.dispose()
+
+    with target.store() as store:
+        results, later = asyncio.run(scenario(store))
+        refused = [r for r in results if isinstance(r, BaseException)]
+        assert len(refused) == 1, results
+        assert isinstance(refused[0], alk.InvalidOptions), repr(refused[0])
+        message = str(refused[0])
+        assert message.startswith("task.aenqueue got an AsyncSession already running another operation"), message
+        assert store.queue(name).stats().pending == 2
+
+
 def test_a_session_shared_by_threads_is_refused_with_invalid_options(sqlite_db: Target, qname: str) -> None:
     """The synchronous twin: a Session used by a second thread while the first is still
     making its connection gets InvalidOptions saying what is wrong, and nothing written."""
