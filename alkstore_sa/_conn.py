@@ -40,13 +40,13 @@ class RawExecutor:
         try:
             return self._conn.execute(sql, params).fetchall()  # type: ignore[no-any-return]
         except Exception as exc:
-            raise self._backend.translate_error(exc) from exc
+            raise self._backend.translate_error_on(exc, self._conn) from exc
 
     def rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
         try:
             return self._conn.execute(sql, params).rowcount  # type: ignore[no-any-return]
         except Exception as exc:
-            raise self._backend.translate_error(exc) from exc
+            raise self._backend.translate_error_on(exc, self._conn) from exc
 
     def transaction(self) -> _Transaction:
         return self._tx
@@ -71,7 +71,7 @@ class _Transaction:
         try:
             self._backend.begin(self._conn, self._saved)
         except Exception as exc:
-            raise self._backend.translate_error(exc) from exc
+            raise self._backend.translate_error_on(exc, self._conn) from exc
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -82,7 +82,7 @@ class _Transaction:
                 return
             except Exception as commit_error:
                 self._rollback_quietly()
-                raise self._backend.translate_error(commit_error) from commit_error
+                raise self._backend.translate_error_on(commit_error, self._conn) from commit_error
         self._rollback_quietly()
 
     def _rollback_quietly(self) -> None:
@@ -142,6 +142,13 @@ class SessionExecutor:
         except Exception:  # noqa: BLE001 - no connection to ask: the statement will say why
             return False
 
+    def _dbapi_connection(self) -> Any:
+        """The driver connection under the caller's Connection (None when it has none)."""
+        try:
+            return self._conn.connection.dbapi_connection
+        except Exception:  # noqa: BLE001 - closed or invalidated: the error says why
+            return None
+
     def _failed(self, exc: Exception, began: bool) -> BaseException:
         """The alkstore error for ``exc``, after making sure the caller cannot commit a
         transaction the failure ended (SPEC §13): on PostgreSQL every failed statement
@@ -153,7 +160,7 @@ class SessionExecutor:
             _fail_transaction(self._conn)
         elif began and not self._driver_in_transaction():
             _fail_transaction(self._conn, lost=True)
-        err = self.backend.translate_error(exc)
+        err = self.backend.translate_error_on(exc, self._dbapi_connection())
         if self.unregistered and type(err) is NotInstalled and self.backend.name == "postgresql":
             # the store may well be installed, in another schema, for another Engine object:
             # "run alkstore migrate" alone would install a second copy whose jobs it never sees
@@ -212,7 +219,7 @@ class _CallerAutocommitTransaction:
         try:
             ex._conn.exec_driver_sql(ex.backend.BEGIN)
         except Exception as exc:
-            raise ex.backend.translate_error(exc) from exc
+            raise ex.backend.translate_error_on(exc, ex._dbapi_connection()) from exc
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -224,7 +231,7 @@ class _CallerAutocommitTransaction:
                 return
             except Exception as commit_error:
                 self._rollback_quietly()
-                raise ex.backend.translate_error(commit_error) from commit_error
+                raise ex.backend.translate_error_on(commit_error, ex._dbapi_connection()) from commit_error
         self._rollback_quietly()
 
     def _rollback_quietly(self) -> None:
@@ -408,9 +415,9 @@ class Lease:
                     return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).fetchall(), exc, held.saved)
                 return backend.wait_for_lock(held.dbapi, lambda: run(sql, params).rowcount, exc, held.saved)
             except Exception as again:
-                raise backend.translate_error(again) from again
+                raise backend.translate_error_on(again, held.dbapi) from again
         if not self._retry or self._in_tx or not backend.is_disconnect(exc, held.dbapi):
-            raise backend.translate_error(exc) from exc
+            raise backend.translate_error_on(exc, held.dbapi) from exc
         self._retry = False  # once per operation
         self._held = None
         self._cache.disconnected(held, exc)
@@ -419,7 +426,7 @@ class Lease:
             cursor = held.execute(sql, params)
             return cursor.fetchall() if fetch else cursor.rowcount
         except Exception as again:
-            raise backend.translate_error(again) from again
+            raise backend.translate_error_on(again, held.dbapi) from again
 
     def storable_text(self, text: str) -> str:
         """``text`` as this connection's database can store it (``Core.storable_text``)."""

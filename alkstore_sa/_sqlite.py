@@ -129,14 +129,35 @@ def wait_for_lock(dbapi_conn: Any, attempt: Callable[[], _T], busy: BaseExceptio
             version, last_commit = seen, time.monotonic()
 
 
-_WAITED = "alkstore_waited_ms"  # set on the busy error wait_for_lock gave up with
+_WAITED = "alkstore_waited_ms"  # set on the busy error wait_for_lock (or SQLite's handler) gave up with
 
 
 def waited_ms(exc: BaseException) -> int:
-    """How long the store waited for the write lock before ``exc`` (a busy error) was
-    raised: what :func:`wait_for_lock` waited, else the busy timeout the store sets (SQLite's
-    handler waited)."""
+    """How long the write lock was waited for before ``exc`` (a busy error) was raised: what
+    :func:`wait_for_lock` waited, or the busy timeout SQLite's own handler waited out
+    (:func:`note_busy_timeout`), else the busy timeout the store sets."""
     return int(getattr(exc, _WAITED, BUSY_TIMEOUT_MS))
+
+
+def note_busy_timeout(exc: BaseException, dbapi_conn: Any) -> None:
+    """Record on ``exc``, a busy error SQLite's own handler gave up with on ``dbapi_conn``
+    (not :func:`wait_for_lock`, which records its own), the bound that handler waited: the
+    connection's busy timeout — the application's where it set one (a caller's transaction,
+    or a file not in WAL mode), which the error then names (:func:`waited_ms`). Nothing when
+    it cannot be read."""
+    if dbapi_conn is None or getattr(exc, "sqlite_errorcode", None) != SQLITE_BUSY or hasattr(exc, _WAITED):
+        return
+    try:
+        cursor = dbapi_conn.cursor()  # the driver's own cursor: no statement event, no echo
+        try:
+            cursor.execute("PRAGMA busy_timeout")
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+    except Exception:  # noqa: BLE001 - the error is raised as it is, naming the store's bound
+        return
+    if row is not None:
+        setattr(exc, _WAITED, int(row[0]))
 
 
 def _pause_bound(waited: float, quiet: float) -> float:

@@ -246,6 +246,11 @@ class Core(abc.ABC):
             self._sql[key] = text
         return text
 
+    def translate_error_on(self, exc: BaseException, dbapi_conn: Any) -> BaseException:
+        """``translate_error`` for ``exc``, raised by a statement on ``dbapi_conn`` (None: not
+        known), which may say more of it (SQLite: the busy timeout its handler waited out)."""
+        return self.translate_error(exc)
+
     def translate_error(self, exc: BaseException) -> BaseException:
         """The one place driver exceptions become alkstore errors."""
         orig = getattr(exc, "orig", None) or exc

@@ -136,6 +136,10 @@ class SQLiteBackend(Backend):
             "no such column" in str(exc) or "has no column named" in str(exc)
         )
 
+    def translate_error_on(self, exc: BaseException, dbapi_conn: Any) -> BaseException:
+        _sqlite.note_busy_timeout(getattr(exc, "orig", None) or exc, dbapi_conn)
+        return self.translate_error(exc)
+
     def translate_error(self, exc: BaseException) -> BaseException:
         """As the base does; a ``database is locked`` that waited out the busy timeout
         (SQLITE_BUSY, not the immediate failure of a stale snapshot's lock upgrade) also

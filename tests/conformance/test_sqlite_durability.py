@@ -14,6 +14,7 @@ transaction styles survive another connection's commit between a read and a writ
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import threading
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from alkstore_sa import _sqlite, migrations
@@ -300,6 +303,55 @@ def test_the_store_waits_for_the_lock_as_long_as_the_application_set(tmp_path: P
         assert q.stats().pending == 0
         with engine.connect() as c:  # the connection went back to the pool with its own setting
             assert c.exec_driver_sql("PRAGMA busy_timeout").scalar() == 200
+    finally:
+        store.close()
+        engine.dispose()
+
+
+@pytest.mark.parametrize("where", ["callers-transaction", "async-callers-transaction", "rollback-journal"])
+def test_a_busy_error_names_the_busy_timeout_sqlite_waited_out(tmp_path: Path, where: str) -> None:
+    """Where SQLite's own busy handler did the waiting — a caller's-transaction call
+    (``alk.enqueue(session, ...)`` or ``alk.aenqueue``, on the application's connection) or
+    the store's own connection to a file not in WAL mode — it waited the connection's busy
+    timeout, the one the application set (0.2 s here): the error names that, not the
+    store's 60 s."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    engine = sa.create_engine(url)
+    store = alk.Store(engine)
+    try:
+        store.install()
+        if where == "rollback-journal":
+            with engine.connect() as c:
+                assert c.exec_driver_sql("PRAGMA journal_mode=DELETE").scalar() == "delete"
+        sa.event.listen(engine, "connect", lambda dbapi, _rec: dbapi.execute("PRAGMA busy_timeout = 200"))
+        engine.dispose()  # every connection from now on has the application's setting
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+
+        async def in_async_session() -> None:
+            async_engine = create_async_engine(url.replace("sqlite://", "sqlite+aiosqlite://"))
+            store.register(async_engine)
+            sa.event.listen(
+                async_engine.sync_engine, "connect", lambda dbapi, _rec: dbapi.execute("PRAGMA busy_timeout = 200")
+            )
+            try:
+                async with AsyncSession(async_engine) as session:
+                    await alk.aenqueue(session, "emails", {"order": 1})
+            finally:
+                await async_engine.dispose()
+
+        with engine.connect() as app:
+            app.exec_driver_sql("INSERT INTO orders DEFAULT VALUES")  # holds the write lock
+            with pytest.raises(alk.DatabaseError, match=r"database is locked.*busy timeout, 0\.2 s"):
+                if where == "rollback-journal":
+                    store.queue("emails").enqueue({"order": 1})
+                elif where == "callers-transaction":
+                    with Session(engine) as session:
+                        alk.enqueue(session, "emails", {"order": 1})
+                else:
+                    asyncio.run(in_async_session())
+            app.rollback()
+        assert store.queue("emails").stats().pending == 0
     finally:
         store.close()
         engine.dispose()
