@@ -58,14 +58,20 @@ def request_from_scope(scope: Scope, body: bytes) -> Request:
     )
 
 
+class _Disconnected(Exception):
+    """The client went away before its whole body arrived."""
+
+
 async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or None once it exceeds MAX_BODY."""
+    """The whole request body, or None once it exceeds MAX_BODY; ``_Disconnected`` when
+    the client left before the end of it (what arrived is part of a form: acting on it
+    could run an action on some of the selected jobs, or on a cut-off id)."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return b"".join(chunks)
+            raise _Disconnected
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY:
@@ -96,7 +102,10 @@ def asgi_app(handler: Handler) -> Callable[[Scope, Receive, Send], Awaitable[Non
         if scope["type"] != "http":  # websockets: not served
             await send({"type": "websocket.close", "code": 1000})
             return
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive)
+        except _Disconnected:
+            return  # nobody to answer, and nothing to act on
         if body is None:
             response = Response(413, b"request body too large", "text/plain; charset=utf-8")
         else:

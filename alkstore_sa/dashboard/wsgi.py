@@ -29,8 +29,28 @@ def _raw_path(environ: dict[str, Any]) -> str | None:
     return uri.split("?", 1)[0].split("#", 1)[0]
 
 
+class IncompleteBody(Exception):
+    """The body ended before its Content-Length: the client went away while sending it."""
+
+
+def _read(stream: Any, length: int) -> bytes:
+    """``length`` bytes of ``stream`` (a read may return fewer than asked, PEP 3333);
+    IncompleteBody when it ends first."""
+    chunks: list[bytes] = []
+    left = length
+    while left > 0:
+        chunk = stream.read(left)
+        if not chunk:
+            raise IncompleteBody
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def request_from_environ(environ: dict[str, Any]) -> Request | None:
-    """A Request from a WSGI environ; None when the body is over MAX_BODY."""
+    """A Request from a WSGI environ; None when the body is over MAX_BODY, IncompleteBody
+    when it is shorter than its Content-Length (what arrived is part of a form: acting on
+    it could run an action on some of the selected jobs, or on a cut-off id)."""
     headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")}
     for key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
         if environ.get(key):
@@ -41,7 +61,7 @@ def request_from_environ(environ: dict[str, Any]) -> Request | None:
         length = 0
     if length > MAX_BODY:
         return None
-    body = environ["wsgi.input"].read(length) if length > 0 else b""
+    body = _read(environ["wsgi.input"], length) if length > 0 else b""
     return Request(
         method=str(environ.get("REQUEST_METHOD", "GET")).upper(),
         path=_text(environ, "PATH_INFO") or "/",
@@ -58,11 +78,15 @@ def wsgi_app(handler: Handler) -> Callable[[dict[str, Any], StartResponse], Iter
     """A WSGI application serving ``handler``."""
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        request = request_from_environ(environ)
-        if request is None:
-            response = Response(413, b"request body too large", "text/plain; charset=utf-8")
+        try:
+            request = request_from_environ(environ)
+        except IncompleteBody:
+            response = Response(400, b"request body incomplete", "text/plain; charset=utf-8")
         else:
-            response = handler(request)
+            if request is None:
+                response = Response(413, b"request body too large", "text/plain; charset=utf-8")
+            else:
+                response = handler(request)
         start_response(response.status_line, response.all_headers())
         return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else response.body]
 

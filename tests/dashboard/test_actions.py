@@ -432,3 +432,70 @@ def test_read_only_renders_no_actions_and_refuses_posts(readonly, store: alk.Sto
     ]:
         assert readonly.post(path, fields).status == 403, path
     assert _state(store, s) == before
+
+
+def _interrupted_form(qname: str, ids: list[int]) -> tuple[bytes, bytes, bytes]:
+    """(the Cookie header, the start of a bulk delete's body that arrived, the rest that
+    never did) for a dashboard whose CSRF secret is b"k"."""
+    from alkstore_sa.dashboard.csrf import COOKIE, Csrf
+
+    cookie = "c" * 43
+    start = f"csrf_token={Csrf(b'k').token_for(cookie)}&queue={quote(qname)}&id={ids[0]}&"
+    rest = "&".join(f"id={i}" for i in ids[1:])
+    return f"{COOKIE}={cookie}".encode(), start.encode(), rest.encode()
+
+
+def test_asgi_an_upload_cut_off_by_a_disconnect_is_not_acted_on(store: alk.Store, qname: str) -> None:
+    """A client that goes away half way through sending a form (a closed tab, a dropped
+    connection) sent only some of its fields: the dashboard must not run the action on
+    that part (here: delete one of the two selected dead jobs)."""
+    import asyncio
+
+    s = seed(store, qname, dead=2)
+    cookie, start, rest = _interrupted_form(qname, s.dead)
+    app = create_app(store, csrf_secret=b"k")
+    messages = iter([
+        {"type": "http.request", "body": start, "more_body": True},
+        {"type": "http.disconnect"},
+    ])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/dead/delete", "query_string": b"", "root_path": "",
+        "headers": [
+            (b"host", HOST.encode()), (b"cookie", cookie),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"content-length", str(len(start) + len(rest)).encode()),
+        ],
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sorted(j.id for j in store.queue(qname).dead_jobs()) == s.dead
+    assert sent == []  # nobody to answer
+
+
+def test_wsgi_a_body_shorter_than_its_content_length_is_refused(store: alk.Store, qname: str) -> None:
+    """A WSGI server hands over what arrived before the client went away: a body shorter
+    than its Content-Length is a cut-off upload, refused (400) without acting on it."""
+    import io
+    from wsgiref.util import setup_testing_defaults
+
+    from alkstore_sa.dashboard import create_wsgi_app
+
+    s = seed(store, qname, dead=2)
+    cookie, start, rest = _interrupted_form(qname, s.dead)
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/dead/delete", "HTTP_HOST": HOST,
+        "HTTP_COOKIE": cookie.decode(), "CONTENT_TYPE": "application/x-www-form-urlencoded",
+        "CONTENT_LENGTH": str(len(start) + len(rest)), "wsgi.input": io.BytesIO(start),
+    }
+    setup_testing_defaults(environ)
+    statuses: list[str] = []
+    create_wsgi_app(store, csrf_secret=b"k")(environ, lambda status, headers: statuses.append(status))
+    assert statuses == ["400 Bad Request"]
+    assert sorted(j.id for j in store.queue(qname).dead_jobs()) == s.dead
