@@ -12,7 +12,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import pytest
 
 import alkstore_sa as alk
-from alkstore_sa.dashboard import actions, create_app
+from alkstore_sa.dashboard import actions, create_app, create_wsgi_app
 from alkstore_sa.dashboard.app import Dashboard
 from alkstore_sa.dashboard.http import Request
 from tests.dashboard.conftest import HOST, WsgiBrowser
@@ -350,6 +350,31 @@ def test_same_origin_headers_are_accepted(dash, store: alk.Store, qname: str) ->
     headers = {"Origin": f"http://{HOST}", "Sec-Fetch-Site": "same-origin"}
     assert dash.post(f"/queues/{qname}/pause", {"csrf_token": token}, headers=headers).status == 303
     assert store.queue(qname).settings().paused is True
+
+
+def test_behind_a_proxy_on_another_port_the_host_must_carry_the_port(store: alk.Store, qname: str) -> None:
+    """The Origin of a page served on a non-default port names that port, so the Host (or
+    X-Forwarded-Host) a proxy passes on must carry it too: what nginx's ``$http_host``
+    passes; its ``$host`` drops the port, and every action is refused (docs/operations.md
+    recommends the former)."""
+    from alkstore_sa.dashboard.csrf import COOKIE, Csrf
+
+    seed(store, qname)
+    public = "ops.example:8443"
+    from werkzeug.test import Client
+
+    b = WsgiBrowser(create_wsgi_app(store, csrf_secret=b"k"))
+    b.client = Client(b.client.application, use_cookies=False)  # the Cookie header as given
+    cookie = "c" * 43
+    token = Csrf(b"k").token_for(cookie)
+    sent = {"Cookie": f"{COOKIE}={cookie}", "Origin": f"https://{public}", "Sec-Fetch-Site": "same-origin"}
+    without_port = {**sent, "Host": "ops.example"}
+    assert b.post(f"/queues/{qname}/pause", {"csrf_token": token}, headers=without_port).status == 403
+    assert store.queue(qname).settings().paused is False
+    for passed in ({"Host": public}, {"Host": "127.0.0.1:8080", "X-Forwarded-Host": public}):
+        assert b.post(f"/queues/{qname}/pause", {"csrf_token": token}, headers={**sent, **passed}).status == 303
+        assert store.queue(qname).settings().paused is True
+        store.queue(qname).resume()
 
 
 def test_the_csrf_cookie_is_read_beside_cookies_http_cookies_cannot_parse(store: alk.Store, qname: str) -> None:
