@@ -13,6 +13,9 @@ holds the page's order, so page N costs what page 1 costs whatever the table hol
   primary key, which it would otherwise walk from the start of the table;
 - dead jobs: id order, ``alkstore_dead_jobs_queue_ix`` (queue, id) for one queue, the
   primary key for every queue.
+
+A listed job's payload is only its start (``:preview`` characters): the job page reads a
+job whole.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .sql import (
     DEAD_COLUMNS,
     LIVE_COLUMNS,
     NOTIFY_READERS_SQL,
+    ONE,
     PENDING,
     PROCESSING,
     ZERO,
@@ -38,12 +42,25 @@ from .sql import (
 PENDING_STATES = ("ready", "scheduled")
 
 
+def _listed(columns: list[Any], table: sa.Table) -> list[Any]:
+    """``columns`` with ``table``'s payload cut to its first ``:preview`` characters: a
+    list shows the start of each payload, and a page of the largest ones read whole is
+    ``max_payload_bytes`` fifty times over (the database cuts it; PostgreSQL reads only
+    the start of a long stored value)."""
+    payload = table.c.payload
+    return [
+        sa.func.substr(payload, ONE, bp("preview", sa.Integer)).label("payload") if c is payload else c
+        for c in columns
+    ]
+
+
 class BrowseOps(Core):
     """Keyset pages of a queue's jobs by state, of dead jobs, and stream consumers."""
 
     def _job_columns(self) -> list[Any]:
-        """A live row laid out as ``get_job`` reads it (no dead-only fields)."""
-        return [*LIVE_COLUMNS, sa.null().label("last_error"), sa.null().label("died_at")]
+        """A live row laid out as ``get_job`` reads it (no dead-only fields), its payload
+        cut to its first ``:preview`` characters (``_listed``)."""
+        return _listed([*LIVE_COLUMNS, sa.null().label("last_error"), sa.null().label("died_at")], jobs)
 
     if TYPE_CHECKING:  # the claim's walk of a queue's priorities (QueueOps, in every Backend)
 
@@ -125,7 +142,7 @@ class BrowseOps(Core):
         ``:after`` ascending, or below ``:before`` descending."""
 
         def build() -> sa.Executable:
-            stmt = sa.select(*DEAD_COLUMNS)
+            stmt = sa.select(*_listed(DEAD_COLUMNS, dead_jobs))
             if by_queue:
                 stmt = stmt.where(dead_jobs.c.queue == bp("queue", sa.Text))
             if ascending:

@@ -115,7 +115,10 @@ def cut(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def preview_text(text: str, limit: int = 80) -> str:
+PREVIEW = 80  # characters of a payload a list shows
+
+
+def preview_text(text: str, limit: int = PREVIEW) -> str:
     """The start of a payload's JSON text (as stored, or encoded), cut at ``limit``."""
     return _utf8_json(cut(text, limit))
 

@@ -14,8 +14,11 @@ from .._rows import FIELD, job_from_row, ts
 from ..model import Job, QueueSettings
 from ..outbox import listed_queue_name
 from ..store import Store
+from .html import PREVIEW
 
 PAGE = 50
+# the characters of each payload a list reads: one more than it shows says the text goes on
+LISTED = PREVIEW + 1
 STATES = ("ready", "scheduled", "processing", "dead")
 
 
@@ -49,10 +52,11 @@ def queue_rows(store: Store) -> list[QueueRow]:
 
 @dataclass(frozen=True)
 class Page:
-    """Jobs of one page, without their payloads decoded (``payload`` None), each one's
-    payload as stored (``payloads``, in the same order), and the query parameters of the
-    next page (None: this is the last). A list shows the start of each stored text: no
-    payload is decoded and encoded again for it, and one that is not JSON (a row written
+    """Jobs of one page, without their payloads decoded (``payload`` None), the start of
+    each one's payload as stored (``payloads``, in the same order: at most LISTED
+    characters, which the database cuts), and the query parameters of the next page
+    (None: this is the last). A list shows the start of each stored text: no payload is
+    read whole, decoded or encoded again for it, and one that is not JSON (a row written
     or edited by hand) is listed as it is."""
 
     jobs: list[Job]
@@ -105,7 +109,9 @@ def jobs_page(store: Store, queue: str, state: str, cursor: Cursor = Cursor(), l
     then run_at, then id), processing and dead ones by id; the page after ``cursor``."""
     store._check_open()
     queue = listed_queue_name(queue)  # an outbox's backing queue is listed too
-    params: dict[str, Any] = {"queue": queue, "after": _bound(cursor.after, 0), "limit": limit + 1, "now": store.now()}
+    params: dict[str, Any] = {
+        "queue": queue, "after": _bound(cursor.after, 0), "limit": limit + 1, "now": store.now(), "preview": LISTED,
+    }
     resume = cursor.after is not None
     if state in ("ready", "scheduled") and resume:
         priority, run_at = cursor.priority, cursor.run_at
@@ -126,7 +132,7 @@ def jobs_page(store: Store, queue: str, state: str, cursor: Cursor = Cursor(), l
 def dead_page(store: Store, queue: str | None, before: int | None, limit: int = PAGE) -> Page:
     """Dead jobs (of ``queue``, or of every queue) with ids below ``before``, newest first."""
     store._check_open()
-    params: dict[str, Any] = {"before": _bound(before, v.INT64_MAX), "limit": limit + 1}
+    params: dict[str, Any] = {"before": _bound(before, v.INT64_MAX), "limit": limit + 1, "preview": LISTED}
     if queue is not None:
         params["queue"] = listed_queue_name(queue)
     with store.executor(retry=True) as ex:  # a read

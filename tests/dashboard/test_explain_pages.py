@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from alkstore_sa.dashboard.reads import Cursor, jobs_page
+from alkstore_sa.dashboard.reads import LISTED, Cursor, jobs_page
 from tests.compile.test_explain import (  # noqa: F401 - the loaded-table fixtures
     BIG,
     PENDING_IX,
@@ -63,7 +63,7 @@ def test_pending_pages_are_limited_ranges_of_the_pending_index(table: Loaded, st
     cursor = Cursor(middle.id, middle.priority, middle.run_at.timestamp())
     assert len(jobs_page(store, BIG, state, cursor).jobs) == 50
     params: dict[str, Any] = {
-        "queue": BIG, "after": middle.id, "limit": 51, "now": table.now,
+        "queue": BIG, "after": middle.id, "limit": 51, "now": table.now, "preview": LISTED,
         "priority": middle.priority, "run_at": middle.run_at.timestamp(),
     }
     for key in (f"pending_page:{state}", f"pending_page:{state}:tie", f"pending_page:{state}:later"):
@@ -86,7 +86,7 @@ def test_pending_pages_are_limited_ranges_of_the_pending_index(table: Loaded, st
 
 def test_processing_page_reads_the_processing_index(table: Loaded) -> None:
     assert len(jobs_page(table.store, BIG, "processing").jobs) == 50
-    plan, text = _plan(table, "processing_page", {"queue": BIG, "after": 0, "limit": 51, "now": table.now})
+    plan, text = _plan(table, "processing_page", {"queue": BIG, "after": 0, "limit": 51, "now": table.now, "preview": LISTED})
     print(f"\n{table.kind} processing_page:\n{text}")
     if table.kind == "postgresql":
         scans = pg_table_scans(plan)
@@ -98,7 +98,7 @@ def test_processing_page_reads_the_processing_index(table: Loaded) -> None:
 
 def test_dead_page_of_a_queue_is_an_index_read(table: Loaded) -> None:
     assert len(jobs_page(table.store, BIG, "dead").jobs) == 50
-    plan, text = _plan(table, "dead_page:True:True", {"queue": BIG, "after": 0, "limit": 51, "now": table.now})
+    plan, text = _plan(table, "dead_page:True:True", {"queue": BIG, "after": 0, "limit": 51, "now": table.now, "preview": LISTED})
     print(f"\n{table.kind} dead_page:\n{text}")
     if table.kind == "postgresql":
         assert all(s["Node Type"] in ("Index Scan", "Index Only Scan") for s in pg_table_scans(plan)), text
