@@ -70,7 +70,8 @@ class Csrf:
         token = request.field(FIELD)
         if cookie is None or token is None:
             return "missing CSRF token: reload the page and try again"
-        if not hmac.compare_digest(self.token_for(cookie), token):
+        # compared as bytes: compare_digest refuses str with non-ASCII characters (raised: 500)
+        if not hmac.compare_digest(self.token_for(cookie).encode("ascii"), token.encode("utf-8", "replace")):
             return "invalid CSRF token: reload the page and try again"
         return None
 
@@ -78,7 +79,10 @@ class Csrf:
     def _same_host(origin: str, request: Request) -> bool:
         if origin.strip().lower() == "null":
             return False
-        origin_host = urlsplit(origin.strip()).netloc.lower()
+        try:
+            origin_host = urlsplit(origin.strip()).netloc.lower()
+        except ValueError:  # not a URL (an unclosed "[" of an IPv6 host): names no host of ours
+            return False
         hosts = {request.headers.get("host", "").strip().lower()}
         forwarded = request.headers.get("x-forwarded-host")
         if forwarded:

@@ -303,6 +303,9 @@ REFUSED: list[tuple[str, dict[str, str], bool]] = [
     ("same-site fetch", {"Sec-Fetch-Site": "same-site"}, True),
     ("foreign origin", {"Origin": "https://evil.example"}, True),
     ("null origin", {"Origin": "null"}, True),
+    # malformed input made the check itself raise: a 500 and a logged traceback per request
+    ("non-ASCII token", {}, True),
+    ("malformed origin", {"Origin": "http://[::1"}, True),
 ]
 
 
@@ -314,6 +317,8 @@ def test_refused_posts_change_nothing(
     token = _token(dash)
     if case == "wrong token":
         token = "0" * len(token)
+    elif case == "non-ASCII token":
+        token = "é" + token[1:]
     before = _state(store, s)
     posts = [
         ("/dead/requeue", [("id", s.dead[0]), ("queue", qname)]),
