@@ -104,3 +104,26 @@ def test_dead_page_of_a_queue_is_an_index_read(table: Loaded) -> None:
         assert all(s["Node Type"] in ("Index Scan", "Index Only Scan") for s in pg_table_scans(plan)), text
     else:
         assert len(assert_sqlite_no_table_scan(plan)) == 1
+
+
+@pytest.mark.parametrize("by_queue", [True, False], ids=["one queue", "every queue"])
+def test_dead_letters_page_newest_first_is_an_index_read(table: Loaded, by_queue: bool) -> None:
+    """``/dead`` (every queue: the primary key) and ``/dead?queue=Q`` (the queue index),
+    newest first, first page and a page after a key: index ranges the LIMIT stops."""
+    from alkstore_sa.dashboard.reads import dead_page
+
+    first = dead_page(table.store, BIG if by_queue else None, None)
+    assert len(first.jobs) == 50 and first.next_query is not None
+    for before in (2**63 - 1, int(str(first.next_query["before"]))):
+        params: dict[str, Any] = {"before": before, "limit": 51, "preview": LISTED}
+        if by_queue:
+            params["queue"] = BIG
+        plan, text = _plan(table, f"dead_page:{by_queue}:False", params)
+        print(f"\n{table.kind} dead_page:{by_queue}:False:\n{text}")
+        if table.kind == "postgresql":
+            scans = pg_table_scans(plan)
+            assert scans and all(s["Node Type"] in ("Index Scan", "Index Only Scan") for s in scans), text
+            assert "Sort" not in text, text
+        else:
+            assert len(assert_sqlite_no_table_scan(plan)) == 1, text
+            assert "TEMP B-TREE" not in text, text
