@@ -3,10 +3,14 @@
 Three independent checks, all of which a POST must pass:
 
 1. A token (double submit, signed): the app sets a random cookie (HttpOnly,
-   SameSite=Strict, Path = the mount prefix) and every form carries
+   SameSite=Lax, Path = the mount prefix) and every form carries
    ``HMAC-SHA256(secret, cookie)`` as ``csrf_token``. Another site can neither read the
    cookie nor compute the HMAC without the app's secret, and a cookie planted from a
-   sibling subdomain is useless without its matching token.
+   sibling subdomain is useless without its matching token. Lax, not Strict: a Strict
+   cookie stays behind when a link on another site (an alert, a chat message) opens the
+   dashboard, so that page set a new one, and every tab already open then had forms
+   whose tokens no longer matched (403 until reloaded). A cross-site POST carries a Lax
+   cookie no more than a Strict one.
 2. ``Sec-Fetch-Site`` (sent by current browsers): only ``same-origin`` or ``none``.
 3. ``Origin`` (when sent): its host must be the request's ``Host`` (or the proxy's
    ``X-Forwarded-Host``, which a cross-site page cannot set without a preflight).
@@ -53,7 +57,7 @@ class Csrf:
         path = request.root or "/"
         if not re.fullmatch(r"/[\x21-\x7e]*", path) or ";" in path or "," in path:
             path = "/"  # a prefix a cookie attribute cannot carry: scope it to the host
-        attrs = f"{COOKIE}={cookie}; Path={path}; HttpOnly; SameSite=Strict"
+        attrs = f"{COOKIE}={cookie}; Path={path}; HttpOnly; SameSite=Lax"
         if request.scheme == "https":
             attrs += "; Secure"
         return self.token_for(cookie), attrs

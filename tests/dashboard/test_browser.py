@@ -250,6 +250,41 @@ def test_cross_site_form_post_is_refused(browser: Any, db: Target, seeded: Any, 
     assert store.get_job(victim) is not None and store.get_job(victim).state == "dead"
 
 
+def test_a_link_from_another_site_keeps_the_other_tabs_actions_working(
+    browser: Any, db: Target, seeded: Any, qname: str, tmp_path: Path,
+) -> None:
+    """An operator opens the dashboard from a link on another site (an alert, a chat
+    message) while another tab of it is open. With a ``SameSite=Strict`` cookie that
+    navigation carried no cookie, so the page set a new one, and every form of the tab
+    already open (whose tokens belong to the old cookie) was refused with 403 until
+    reloaded. The cookie now goes along on such a navigation, and the older tab's pause
+    works."""
+    from selenium.webdriver.common.by import By
+
+    store, _, _ = seeded
+    qa = f"{qname}-a"
+    with serve_dashboard(db) as dash:
+        browser.get(dash.url("/"))
+        first_tab = browser.current_window_handle
+        before = browser.get_cookie("alkstore_dashboard_csrf")
+        browser.switch_to.new_window("tab")
+        try:
+            browser.get(f"data:text/html,<a id='l' href='{dash.url('/dead')}'>dashboard</a>")
+            browser.find_element(By.ID, "l").click()
+            wait_until(browser, lambda d: d.current_url.startswith(dash.base), "the dashboard, from the link")
+            assert browser.get_cookie("alkstore_dashboard_csrf") == before
+        finally:
+            browser.close()
+            browser.switch_to.window(first_tab)
+        row = browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{qa}"]')
+        row.find_element(By.CSS_SELECTOR, "button.pause-btn").click()
+        wait_until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-queue="{qa}"] button.resume-btn')
+                   or d.find_elements(By.CSS_SELECTOR, "p.error"), "the pause's answer")
+        shot(browser, tmp_path, "paused-from-the-older-tab")
+        assert not browser.find_elements(By.CSS_SELECTOR, "p.error"), browser.find_element(By.TAG_NAME, "main").text
+    assert store.queue(qa).settings().paused is True
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def own_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     """A database of this test alone (a SQLite file, or a PostgreSQL schema of its own): its
