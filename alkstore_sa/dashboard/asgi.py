@@ -105,11 +105,14 @@ def asgi_app(handler: Handler) -> Callable[[Scope, Receive, Send], Awaitable[Non
         try:
             body = await _read_body(receive)
         except _Disconnected:
-            return  # nobody to answer, and nothing to act on
-        if body is None:
-            response = Response(413, b"request body too large", "text/plain; charset=utf-8")
+            # nothing to act on; answered all the same (nobody reads it): a host app's
+            # middleware (Starlette's BaseHTTPMiddleware) raises for an app that answers nothing
+            response = Response(400, b"request body incomplete", "text/plain; charset=utf-8")
         else:
-            response = await _in_thread(handler, request_from_scope(scope, body))
+            if body is None:
+                response = Response(413, b"request body too large", "text/plain; charset=utf-8")
+            else:
+                response = await _in_thread(handler, request_from_scope(scope, body))
         await send({
             "type": "http.response.start",
             "status": response.status,

@@ -138,3 +138,47 @@ def test_asgi_lifespan_is_acknowledged(store: alk.Store) -> None:
 
     asyncio.run(app({"type": "lifespan"}, receive, send))
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+def test_fastapi_with_a_middleware_answers_an_upload_cut_off_by_a_disconnect(store: alk.Store, qname: str) -> None:
+    """Behind an ``@app.middleware("http")`` (the auth recipe of docs/operations.md),
+    Starlette's middleware raises ``RuntimeError: No response returned.`` for an app that
+    answers nothing: a client that went away mid-upload must still get an answer (400,
+    nobody reads it), not a traceback in the server's log, and nothing is acted on."""
+    from fastapi import FastAPI
+    from fastapi import Request as FastRequest
+
+    s = seed(store, qname, dead=2)
+    app = FastAPI()
+    app.mount(PREFIX, create_app(store))
+
+    @app.middleware("http")
+    async def passthrough(request: FastRequest, call_next: Any) -> Any:
+        return await call_next(request)
+
+    messages = iter([
+        {"type": "http.request", "body": f"csrf_token=x&id={s.dead[0]}&".encode(), "more_body": True},
+        {"type": "http.disconnect"},
+    ])
+
+    async def receive() -> dict[str, Any]:
+        try:
+            return next(messages)
+        except StopIteration:  # the client is gone: nothing more ever comes
+            await asyncio.Event().wait()
+            raise
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": f"{PREFIX}/dead/delete", "raw_path": f"{PREFIX}/dead/delete".encode(), "root_path": "",
+        "query_string": b"", "headers": [(b"host", b"x"), (b"content-type", b"application/x-www-form-urlencoded")],
+        "server": ("x", 80), "client": ("127.0.0.1", 1),
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
+    assert sorted(j.id for j in store.queue(qname).dead_jobs()) == s.dead
