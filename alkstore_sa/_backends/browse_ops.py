@@ -14,8 +14,8 @@ holds the page's order, so page N costs what page 1 costs whatever the table hol
 - dead jobs: id order, ``alkstore_dead_jobs_queue_ix`` (queue, id) for one queue, the
   primary key for every queue.
 
-A listed job's payload is only its start (``:preview`` characters): the job page reads a
-job whole.
+A listed job's payload is only its start (at least ``:preview`` characters): the job page
+reads a job whole.
 """
 
 from __future__ import annotations
@@ -42,25 +42,33 @@ from .sql import (
 PENDING_STATES = ("ready", "scheduled")
 
 
-def _listed(columns: list[Any], table: sa.Table) -> list[Any]:
-    """``columns`` with ``table``'s payload cut to its first ``:preview`` characters: a
-    list shows the start of each payload, and a page of the largest ones read whole is
-    ``max_payload_bytes`` fifty times over (the database cuts it; PostgreSQL reads only
-    the start of a long stored value)."""
-    payload = table.c.payload
-    return [
-        sa.func.substr(payload, ONE, bp("preview", sa.Integer)).label("payload") if c is payload else c
-        for c in columns
-    ]
+# the most bytes one character takes in UTF-8
+UTF8_MAX: sa.ColumnClause[Any] = sa.literal_column("4")
 
 
 class BrowseOps(Core):
     """Keyset pages of a queue's jobs by state, of dead jobs, and stream consumers."""
 
+    def _listed(self, columns: list[Any], table: sa.Table) -> list[Any]:
+        """``columns`` with ``table``'s payload cut to its start, at least its first
+        ``:preview`` characters: a list shows the start of each payload, and a page of the
+        largest ones read whole is ``max_payload_bytes`` fifty times over. The database
+        cuts it (PostgreSQL reads only the start of a long stored value). SQLite's text
+        functions stop at a NUL byte, which a hand-written UPDATE can put in a TEXT column,
+        so there the bytes are cut, as many as ``:preview`` characters can take (the
+        reader cuts the characters)."""
+        payload = table.c.payload
+        preview = bp("preview", sa.Integer)
+        if self.name == "sqlite":
+            start: Any = sa.cast(sa.func.substr(sa.cast(payload, sa.LargeBinary), ONE, preview * UTF8_MAX), sa.Text)
+        else:
+            start = sa.func.substr(payload, ONE, preview)
+        return [start.label("payload") if c is payload else c for c in columns]
+
     def _job_columns(self) -> list[Any]:
         """A live row laid out as ``get_job`` reads it (no dead-only fields), its payload
-        cut to its first ``:preview`` characters (``_listed``)."""
-        return _listed([*LIVE_COLUMNS, sa.null().label("last_error"), sa.null().label("died_at")], jobs)
+        cut to its start (``_listed``)."""
+        return self._listed([*LIVE_COLUMNS, sa.null().label("last_error"), sa.null().label("died_at")], jobs)
 
     if TYPE_CHECKING:  # the claim's walk of a queue's priorities (QueueOps, in every Backend)
 
@@ -142,7 +150,7 @@ class BrowseOps(Core):
         ``:after`` ascending, or below ``:before`` descending."""
 
         def build() -> sa.Executable:
-            stmt = sa.select(*_listed(DEAD_COLUMNS, dead_jobs))
+            stmt = sa.select(*self._listed(DEAD_COLUMNS, dead_jobs))
             if by_queue:
                 stmt = stmt.where(dead_jobs.c.queue == bp("queue", sa.Text))
             if ascending:

@@ -68,7 +68,7 @@ def _page(rows: list[tuple[Any, ...]], limit: int, key: Callable[[tuple[Any, ...
     shown = rows[:limit]
     return Page(
         [job_from_row(r, None) for r in shown],
-        [r[FIELD["payload"]] for r in shown],
+        [r[FIELD["payload"]][:LISTED] for r in shown],  # the database's cut may hold more
         key(rows[limit - 1]) if len(rows) > limit else None,
     )
 

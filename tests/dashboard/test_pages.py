@@ -172,6 +172,31 @@ def test_sqlite_a_stored_payload_that_is_not_utf8_is_shown_with_its_bytes_escape
         store.close()
 
 
+def test_sqlite_a_stored_payload_holding_a_nul_byte_is_listed_past_it(sqlite_db: Target, qname: str) -> None:
+    """SQLite's text functions stop at a NUL byte, which a hand-written UPDATE can put in a
+    TEXT column: a list that let the database cut each payload (substr) showed such a
+    payload only up to its first NUL. Lists show it as the job page does, past the NUL,
+    cut at the list's length; a long payload of multi-byte characters too."""
+    store = sqlite_db.store()
+    dash = make_browser("wsgi", store)
+    try:
+        q = store.queue(qname)
+        dead, live = _one_dead_one_live(q)
+        for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
+            sqlite_db.execute(
+                f"UPDATE {table} SET payload = CAST(X'7B2261223A00227A227D' AS TEXT) WHERE id = :id", id=job_id,
+            )  # {"a":<NUL>"z"}
+        wide = q.enqueue({"w": "日本" * 100})
+        listed = html.escape('{"a":\x00"z"}')  # as stored, as the job page shows it
+        for path in (f"/queues/{qname}", "/dead", f"/queues/{qname}?state=dead"):
+            assert f"<code>{listed}</code>" in dash.get(path).text, path
+        assert html.escape('{"w":"' + "日本" * 36 + "日") + "…" in dash.get(f"/queues/{qname}").text
+        assert store.get_job(wide) is not None
+    finally:
+        dash.close()
+        store.close()
+
+
 def _strict_json(text: str) -> object:
     """JSON as the standard has it: ``Infinity`` and ``NaN`` (which a browser's
     ``JSON.parse`` refuses) are errors."""
