@@ -193,7 +193,11 @@ def job_page(view: View, job_id: int) -> Response | None:
         facts += [("died", esc(when(job.died_at))), ("last error", esc(job.last_error))]
     buttons = ""
     if job.state == "pending":
-        buttons = view.form(f"/jobs/{job.id}/cancel", '<button id="cancel-btn" type="submit">cancel</button>')
+        # this page is gone after the cancel: come back to the job's queue
+        buttons = view.form(
+            f"/jobs/{job.id}/cancel", '<button id="cancel-btn" type="submit">cancel</button>',
+            next_url=url(view.request, f"/queues/{seg(job.queue)}"),
+        )
     elif job.state == "dead":
         # the job page is gone after either action: come back to the queue's dead letters
         fields = [("id", job.id), ("queue", job.queue)]

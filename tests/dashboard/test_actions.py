@@ -104,6 +104,29 @@ def test_cancel_pending_only(dash, store: alk.Store, qname: str) -> None:
     assert r.status == 409 and "no longer live" in r.text
 
 
+def _form_on(page_html: str, action_suffix: str) -> tuple[str, list[tuple[str, str]]]:
+    """The action and the fields of the form on a page whose action ends so, as a browser
+    submits them."""
+    for action, inner in re.findall(r'<form method="post"[^>]*action="([^"]+)">(.*?)</form>', page_html, re.S):
+        if html.unescape(action).endswith(action_suffix):
+            fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', inner)
+            return html.unescape(action), [(html.unescape(k), html.unescape(v)) for k, v in fields]
+    raise AssertionError(f"no form posting to ...{action_suffix}")
+
+
+def test_cancel_from_a_jobs_page_lands_on_its_queue_not_a_404(dash, store: alk.Store, qname: str) -> None:
+    """The job page's cancel button came back to the job page, which the cancel had just
+    removed: a successful cancel ended on "404 not found". It comes back to the job's
+    queue (as the requeue and delete buttons of a dead job's page go to its dead letters)."""
+    s = seed(store, qname)
+    page = dash.get(f"/jobs/{s.scheduled[0]}")
+    action, fields = _form_on(page.text, "/cancel")
+    r = dash.post(action, fields)
+    assert r.status == 303 and store.get_job(s.scheduled[0]) is None
+    assert r.headers["location"] == f"/queues/{qname}"
+    assert dash.get(r.headers["location"]).status == 200
+
+
 def test_cancel_refuses_a_job_claimed_after_the_action_read_it(
     dash, store: alk.Store, qname: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
