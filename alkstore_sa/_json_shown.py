@@ -94,7 +94,10 @@ def strict(text: str) -> str:
     ``-Infinity`` it wrote (only a row written by hand holds one: a float column, a payload)
     becomes that word as a string, which ``float()`` reads back. A strict parser (a
     browser's ``JSON.parse``, ``jq``) refuses the bare words, and the whole document with
-    them. A loop over the text, so any depth goes."""
+    them. A loop over the text, so any depth goes. Text holding neither word anywhere (the
+    usual case) is returned as it is, without the loop (about 70 ms per MiB)."""
+    if "NaN" not in text and "Infinity" not in text:
+        return text
     return _NON_FINITE.sub(lambda m: m[0] if m[0][0] == '"' else f'"{m[0]}"', text)
 
 
