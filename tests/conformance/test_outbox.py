@@ -340,6 +340,36 @@ def test_relay_retries_on_exception_after_the_backoff(
     assert r.close() == "returned"
 
 
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_relay_retries_a_delivery_that_raises_generatorexit_and_goes_on(
+    store: alk.Store, clock: FakeClock, obname: str, relays: list[Relay], is_async: bool
+) -> None:
+    """A ``GeneratorExit`` that ``deliver`` raises itself is its error like any other: the
+    message is retried and the relay goes on. From an ``async def`` deliver it was taken
+    for the coroutine being closed at shutdown: nothing was recorded and the relay's one
+    slot stayed taken, so it delivered nothing more (and a stop waited out its grace)."""
+    ob = store.outbox(obname)
+    first, second = ob.enqueue({"seq": 0}), ob.enqueue({"seq": 1})
+    delivered: list[Any] = []
+
+    def sync_deliver(payload: Any) -> None:
+        if payload["seq"] == 0:
+            raise GeneratorExit
+        delivered.append(payload)
+
+    async def async_deliver(payload: Any) -> None:
+        await asyncio.sleep(0)
+        sync_deliver(payload)
+
+    relays.append(r := Relay(ob, async_deliver if is_async else sync_deliver))
+    wait_for(lambda: delivered == [{"seq": 1}] and ob.get_job(second) is None, "the next message delivered")
+    job = ob.get_job(first)
+    assert job is not None and job.state == "pending" and job.attempts == 1, job
+    assert [e["error"] for e in job.errors] == ["GeneratorExit"]
+    assert 3 <= job.run_at.timestamp() - clock() <= 5  # on the backoff curve
+    assert r.close() == "returned"
+
+
 def test_relay_dead_letters_after_5_attempts(
     store: alk.Store, clock: FakeClock, obname: str, relays: list[Relay]
 ) -> None:
