@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import _validate as v
 from ._retry import TRANSIENT, Backoff, Outage
 from ._rows import ts
-from .errors import AlkstoreError, InvalidOptions
+from .errors import AlkstoreError, InvalidOptions, PayloadError
 from .model import Event
 from .stop import Nudge, StopToken
 
@@ -74,9 +74,22 @@ class Stream:
         with self.store.executor(retry=True) as ex:  # a read
             rows = self.store.backend.stream_read(ex, params)
         return [
-            Event(self.name, int(offset), v.decode_payload(payload), ts(created))  # type: ignore[arg-type]
+            Event(self.name, int(offset), self._decoded(int(offset), payload), ts(created))  # type: ignore[arg-type]
             for offset, payload, created in rows
         ]
+
+    def _decoded(self, offset: int, payload: str) -> Any:
+        """An event's stored payload; a PayloadError naming the stream and the offset when
+        it does not decode (a row edited by hand, or nested deeper than this process can
+        decode): every read of a page holding it fails, so the consumer must know which
+        event to repair or commit past."""
+        try:
+            return v.decode_payload(payload)
+        except PayloadError as exc:
+            raise PayloadError(
+                f"stream {self.name!r}, event {offset}: {exc} (repair the row, or commit the "
+                f"consumer past it, or trim_to({offset}))"
+            ) from None
 
     def commit(self, consumer: str, offset: int) -> None:
         """Record that ``consumer`` has processed everything up to ``offset``."""

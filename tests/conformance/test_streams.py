@@ -282,6 +282,30 @@ def test_non_json_payload_raises_and_writes_nothing(
     assert [(e.offset, e.payload) for e in st.read()] == [(1, "ok")]
 
 
+def test_a_stored_event_that_is_not_json_is_named_by_its_stream_and_offset(
+    db: Target, store: alk.Store, qname: str
+) -> None:
+    """An event row whose payload is not JSON (edited by hand, or nested deeper than this
+    process can decode) fails every read of a page holding it, and every subscription
+    reaching it ends there again at each restart: the PayloadError said only "a stored
+    payload is not JSON", so the consumer could not tell which event to repair or commit
+    past. It names the stream and the offset."""
+    st = store.stream(qname)
+    for i in range(3):
+        st.publish({"i": i})
+    db.execute(
+        f"UPDATE {db.table('alkstore_stream_events')} SET payload = 'oops' "
+        'WHERE stream = :s AND "offset" = 2',
+        s=qname,
+    )
+    with pytest.raises(alk.PayloadError, match=rf"stream '{qname}'.* event 2\b"):
+        st.read()
+    assert [e.offset for e in st.read(after=2)] == [3]
+    f = Follower(st, "c", poll_interval=0.2)
+    assert f.ended.wait(JOIN), "the subscription went on past an event it could not decode"
+    assert isinstance(f.error, alk.PayloadError) and "event 2" in str(f.error), repr(f.error)
+
+
 def test_oversized_payload_raises_and_writes_nothing(db: Target, clock: FakeClock, qname: str) -> None:
     small = db.store(clock=clock, max_payload_bytes=64)
     try:
