@@ -32,7 +32,7 @@ from . import _validate as v
 from . import cron
 from ._retry import Backoff, Outage
 from ._rows import ts
-from .errors import AlkstoreError, InvalidSpec
+from .errors import AlkstoreError, InvalidSpec, PayloadError
 from .model import Schedule
 from .queue import DEFAULT_OPTS, enqueue_params
 from .stop import StopToken
@@ -204,8 +204,18 @@ class Scheduler:
     def schedules(self) -> list[Schedule]:
         """Every schedule, by name in code point order on both engines (the SQL's ORDER BY
         follows PostgreSQL's collation, which a linguistic locale such as en_US.UTF-8 makes
-        blind to case and punctuation: names are exact values)."""
-        return [schedule_from_row(r) for r in self._rows()]
+        blind to case and punctuation: names are exact values). A row whose stored payload
+        does not decode (edited by hand) fails the list with a PayloadError naming it."""
+        listed = []
+        for row in self._rows():
+            try:
+                listed.append(schedule_from_row(row))
+            except PayloadError as exc:
+                raise PayloadError(
+                    f"schedule {row[0]!r}: {exc} (register it again to replace the payload, or "
+                    "unschedule it; `alkstore schedules` lists every schedule with its stored text)"
+                ) from None
+        return listed
 
     def stored(self) -> list[tuple[Schedule, str]]:
         """Every schedule, by name, its payload not decoded (None) beside the text as

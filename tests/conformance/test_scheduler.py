@@ -540,7 +540,8 @@ def test_a_schedule_row_with_a_malformed_payload_fails_alone(
 ) -> None:
     """A row whose stored payload is not JSON (written by hand, or by a bug) is a schedule
     that cannot fire: logged, left due, while the others fire; reading it raises
-    PayloadError, an AlkstoreError (SPEC §3), not json's own error."""
+    PayloadError, an AlkstoreError (SPEC §3), not json's own error, naming the schedule
+    (it said only "a stored payload is not JSON", and one such row fails the whole list)."""
     sch = Scheduler(store)
     store.schedule("a-broken", "@every 1m", qname + "-broken", {})  # ticked first, by name
     store.schedule("b-fine", "@every 1m", qname, {"x": 1})
@@ -550,7 +551,7 @@ def test_a_schedule_row_with_a_malformed_payload_fails_alone(
         assert sch.tick() == 1
     assert any("'a-broken' could not fire" in r.getMessage() for r in caplog.records)
     assert len(jobs_of(db, qname)) == 1 and jobs_of(db, qname + "-broken") == []
-    with pytest.raises(alk.PayloadError):
+    with pytest.raises(alk.PayloadError, match=r"^schedule 'a-broken': .*not JSON.*register it again"):
         store.schedules()
 
 
