@@ -125,8 +125,8 @@ class WorkerInfo:
 
     id: str
     hostname: str
-    pid: int
+    pid: int | str  # str: a row written by hand holding no integer, as stored
     queues: tuple[str, ...]
-    concurrency: int
+    concurrency: int | str  # likewise
     started_at: datetime
     last_seen: datetime

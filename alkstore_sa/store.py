@@ -344,8 +344,8 @@ class Store:
             rows = self.backend.workers_live(ex, {"now": self.now()})
         return [
             WorkerInfo(
-                id=wid, hostname=host, pid=int(pid), queues=_queue_names(queues),
-                concurrency=int(concurrency), started_at=_utc(started), last_seen=_utc(seen),
+                id=wid, hostname=host, pid=_integer_as_stored(pid), queues=_queue_names(queues),
+                concurrency=_integer_as_stored(concurrency), started_at=_utc(started), last_seen=_utc(seen),
             )
             for wid, host, pid, queues, concurrency, started, seen in rows
         ]
@@ -609,9 +609,26 @@ def _queue_names(text: str) -> tuple[str, ...]:
     return tuple(item if isinstance(item, str) else json.dumps(item) for item in value)
 
 
-def _utc(epoch: float) -> datetime:
+def _integer_as_stored(value: Any) -> int | str:
+    """A registry row's ``pid`` or ``concurrency`` (an integer, as a worker writes it).
+    SQLite keeps whatever a hand-written UPDATE stores in an integer column: text, a
+    fraction or an infinity failed ``store.workers()`` (a fraction was cut short). Anything
+    but an integer is its text as stored."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return str(value)
+
+
+def _utc(epoch: Any) -> datetime:
     """A stored timestamp as an aware UTC datetime (``ts``: one past the calendar, written
-    by hand, is its first or last instant)."""
-    value = ts(float(epoch))
+    by hand, is its first or last instant; text SQLite kept from a hand-written UPDATE,
+    which names no instant either, the first, as NaN)."""
+    try:
+        seconds = float(epoch)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    value = ts(seconds)
     assert value is not None
     return value

@@ -300,6 +300,49 @@ def test_a_worker_row_whose_queues_are_not_a_json_list_of_names_is_listed(
         db.execute(f"DELETE FROM {db.table('alkstore_workers')} WHERE id = :id", id=qname)
 
 
+@pytest.mark.parametrize(
+    ("column", "stored", "shown"),
+    [
+        ("pid", "abc", "abc"),
+        ("pid", 3.5, "3.5"),
+        ("pid", float("inf"), "inf"),
+        ("concurrency", "four", "four"),
+        ("started_at", "yesterday", None),
+        ("last_seen", "now", None),
+    ],
+)
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_sqlite_worker_row_with_text_where_a_number_belongs_is_listed(
+    sqlite_db: Target, kind: str, column: str, stored: object, shown: str | None
+) -> None:
+    """SQLite keeps the text (or a fraction) a hand-written UPDATE puts in the registry's
+    integer and timestamp columns: ``store.workers()`` raised ValueError (OverflowError for
+    an infinite pid; a fraction was cut to an integer), and with it ``alkstore status`` and
+    the workers page, for every worker. A pid or concurrency that is not an integer is
+    listed as its text as stored; a timestamp that is not a number as the calendar's first
+    instant (as NaN reads)."""
+    store = sqlite_db.store()
+    browser = make_browser(kind, store)
+    try:
+        sqlite_db.execute(
+            "INSERT INTO alkstore_workers (id, hostname, pid, queues, concurrency, started_at, last_seen, "
+            "expires_at) VALUES ('w', 'h', 1, '[\"a\"]', 1, 0, 0, :high)",
+            high=1e300,
+        )
+        sqlite_db.execute(f"UPDATE alkstore_workers SET {column} = :v", v=stored)
+        (worker,) = store.workers()
+        value = getattr(worker, column)
+        if shown is None:
+            assert value == datetime.min.replace(tzinfo=timezone.utc)
+        else:
+            assert value == shown
+        r = browser.get("/workers")
+        assert r.status == 200 and 'data-worker="w"' in r.text
+    finally:
+        browser.close()
+        store.close()
+
+
 def test_a_schedule_whose_stored_payload_is_not_json_is_listed_as_stored(
     dash, db: Target, store: alk.Store, qname: str
 ) -> None:
