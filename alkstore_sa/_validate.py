@@ -347,15 +347,35 @@ MAX_BATCH_BYTES = 256 << 20
 BATCH_OVERHEAD = 8
 
 
+def max_payload_bytes(value: object) -> int:
+    """A store's ``max_payload_bytes``: an int from 1 to MAX_BATCH_BYTES. A larger limit
+    promised payloads one enqueue_many could not carry (and, past about 1 GB, that no
+    statement of either database can: each refused one only after it was sent)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH_BYTES:
+        raise InvalidOptions(
+            f"max_payload_bytes must be an int from 1 to {MAX_BATCH_BYTES} (256 MiB, what one "
+            f"enqueue_many carries), got {value!r}"
+        )
+    return value
+
+
+def batch_room(size: int) -> int:
+    """How many payloads of ``size`` serialized bytes one batch carries (``encode_batch``'s
+    count): at least one."""
+    return max(1, MAX_BATCH_BYTES // (size + BATCH_OVERHEAD))
+
+
 def encode_batch(payloads: Iterable[object], max_bytes: int) -> list[str]:
     """Every payload's text (``encode_payload``); PayloadError as soon as the batch passes
-    MAX_BATCH_BYTES — before any statement, and before the rest is even serialized."""
+    MAX_BATCH_BYTES — before any statement, and before the rest is even serialized. A
+    batch's first payload always fits (``max_bytes`` is at most MAX_BATCH_BYTES: see
+    ``max_payload_bytes``), so ``enqueue_many([x])`` takes every ``x`` ``enqueue`` takes."""
     texts: list[str] = []
     total = 0
     for payload in payloads:
         text, size = encode_sized(payload, max_bytes)
         total += size + BATCH_OVERHEAD
-        if total > MAX_BATCH_BYTES:
+        if total > MAX_BATCH_BYTES and texts:
             at = len(texts)
             texts.clear()  # not kept alive by the traceback's frames as long as the error is
             raise PayloadError(

@@ -72,8 +72,7 @@ class Store:
         v.schema(schema)
         if clock is not None and not callable(clock):
             raise InvalidOptions("clock must be None or a zero-argument callable returning epoch seconds")
-        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
-            raise InvalidOptions("max_payload_bytes must be a positive int")
+        v.max_payload_bytes(max_payload_bytes)
         engine, self._owns_engine, app_engine = _own_engine(engine_or_url)
         self.engine: Engine = engine
         self.schema = schema

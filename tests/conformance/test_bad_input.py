@@ -294,6 +294,30 @@ def test_enqueue_many_past_the_batch_limit_is_refused_before_any_statement(db: T
     assert sorted(h.payload for h in q.claim_batch("w", 10)) == ["kept", "kept", "kept", "seed"]
 
 
+@pytest.mark.parametrize("limit", [0, -1, True, 1.5, "1024", (256 << 20) + 1, 1 << 31, 1 << 40])
+def test_a_max_payload_bytes_past_the_batch_limit_is_refused(db: Target, limit: object) -> None:
+    """``alk.Store(..., max_payload_bytes=N)`` had no upper bound: past 256 MiB ``enqueue(x)``
+    took a payload ``enqueue_many([x])`` refused, and past about 1 GB it promised payloads
+    no statement of either database carries (each refused only after it was sent). The
+    limit is an int from 1 to 256 MiB, what one enqueue_many carries."""
+    with pytest.raises(alk.InvalidOptions, match="max_payload_bytes must be an int from 1 to 268435456"):
+        alk.Store(db.engine, schema=db.schema, max_payload_bytes=limit)  # type: ignore[arg-type]
+    with alk.Store(db.engine, schema=db.schema, max_payload_bytes=256 << 20) as store:
+        assert store.max_payload_bytes == 256 << 20
+
+
+def test_a_batch_of_one_payload_at_the_largest_max_payload_bytes_fits() -> None:
+    """A payload of the largest ``max_payload_bytes`` (256 MiB serialized) is one batch on
+    its own, though it and its 8 bytes of overhead pass the batch limit: ``enqueue_many([x])``
+    takes every ``x`` that ``enqueue`` takes; a second payload is refused."""
+    from alkstore_sa._validate import MAX_BATCH_BYTES, encode_batch
+
+    big = "x" * (MAX_BATCH_BYTES - 2)  # MAX_BATCH_BYTES serialized, with its quotes
+    assert [len(t) for t in encode_batch([big], MAX_BATCH_BYTES)] == [MAX_BATCH_BYTES]
+    with pytest.raises(alk.PayloadError, match="split them into several calls"):
+        encode_batch([big, "x"], MAX_BATCH_BYTES)
+
+
 BEFORE_ANY_IO: dict[str, tuple[type[Exception], str, tuple[Any, ...], dict[str, Any]]] = {
     "enqueue payload": (alk.PayloadError, "enqueue", ("q", {1}), {}),
     "enqueue priority": (alk.InvalidOptions, "enqueue", ("q", 1), {"priority": "high"}),
