@@ -7,7 +7,8 @@ expression in the schedule's zone (``cron.py``). A tick fires each due schedule 
 transaction: the boundary advance (an UPDATE that row-locks the schedule and checks the
 boundary it read) and the enqueue of the fires commit together, so a crash mid-tick refires
 and a second ticker cannot double-fire. Missed boundaries replay one by one, at most 64 per
-schedule per tick, then the schedule skips forward to the next boundary after now.
+schedule per tick (and at most what one enqueue_many batch of its payload carries), then the
+schedule skips forward to the next boundary after now.
 
 Older runners: a cron row stores ``interval = CRON_INTERVAL`` (not a real interval: the
 last second of year 9999). A runner of a version without cron reads only ``interval`` and
@@ -301,7 +302,14 @@ class Scheduler:
                 self.store, queue, DEFAULT_OPTS, delay=None, run_at=None, priority=priority,
                 max_attempts=max_attempts, expires=None if expires is None else float(expires),
             )
-            payload = v.encode_payload(v.decode_payload(payload), self.store.max_payload_bytes)
+            payload, size = v.encode_sized(v.decode_payload(payload), self.store.max_payload_bytes)
+            # the catch-up is one enqueue_many: at most what one batch carries (a large payload
+            # times MAX_CATCHUP passed the ~1 GB a statement takes, and the fire failed at
+            # every retry); the boundaries beyond are skipped as those beyond the cap are
+            room = v.batch_room(size)
+            if count > room:
+                skipped = skipped + count - room if sched.interval is not None else True
+                count = room
             backend.enqueue_many(ex, params, [payload] * count)
         if skipped:
             log.warning(

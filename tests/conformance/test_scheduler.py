@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import alkstore_sa as alk
+from alkstore_sa import _validate as v
 from alkstore_sa.scheduler import (
     LEADER_LOCK,
     MAX_CATCHUP,
@@ -232,6 +233,32 @@ def test_catch_up_replays_up_to_64_then_skips_forward(
     clock.advance(30)  # exactly the next boundary
     assert sch.tick() == 1
     assert len(jobs_of(db, qname)) == min(missed, 64) + 1
+
+
+@pytest.mark.parametrize("spec", ["@every 1m", "* * * * *"])
+def test_catch_up_carries_at_most_one_batch_of_its_payload(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, spec: str, caplog, monkeypatch
+) -> None:
+    """A catch-up is one enqueue_many, which sent up to 64 payloads without the batch
+    limit: a schedule with a large payload (17 MiB under a 20 MiB max_payload_bytes) that
+    missed 64 boundaries sent 1.09 GB in one statement, which the database refused (SQLite:
+    'string or blob too big'; PostgreSQL ends the connection) at every retry: the schedule
+    never fired again. The catch-up fires at most what one batch of its payload carries and
+    skips the rest, as beyond the cap (the batch limit lowered here: the size is the point,
+    not the gigabyte)."""
+    monkeypatch.setattr(v, "MAX_BATCH_BYTES", 10_000)
+    sch = Scheduler(store)
+    store.schedule("large", spec, qname, "x" * 998)  # 1000 bytes serialized: 9 to a batch
+    clock.advance(60 * 64 + 30)
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        assert sch.tick() == 9
+    assert len(jobs_of(db, qname)) == 9
+    assert "beyond the catch-up cap were skipped" in caplog.text
+    if spec.startswith("@every"):
+        assert "55 missed boundaries" in caplog.text
+    assert next_at(store, "large") == T0 + 60 * 65
+    clock.advance(30)
+    assert sch.tick() == 1
 
 
 def test_each_schedule_catches_up_on_its_own(
