@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from operator import itemgetter
 from typing import Any
@@ -46,6 +47,16 @@ def in_calendar(value: float) -> float:
     """Epoch seconds within the dates ``ts`` gives (NaN: the first), for arithmetic on a
     stored timestamp (an age) that must stay a finite number."""
     return FIRST_EPOCH if not value >= FIRST_EPOCH else min(value, LAST_EPOCH)
+
+
+def number(value: Any) -> float:
+    """A stored span (a stamp of seconds) as a float. SQLite keeps the text a hand-written
+    UPDATE puts in a REAL column, and ``float()`` of it failed every reader of the job (a
+    claim, a listing of its queue): text, naming no number, reads as NaN."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _float(value: float | None) -> float | None:
@@ -106,7 +117,7 @@ def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:
         priority=row[_I["priority"]],
         attempts=row[_I["attempts"]],
         max_attempts=row[_I["max_attempts"]],
-        visibility_timeout=float(row[_I["visibility_timeout"]]),
+        visibility_timeout=number(row[_I["visibility_timeout"]]),
         backoff_base=float(row[_I["backoff_base"]]),
         dead_letter_retention=_float(row[_I["dead_letter_retention"]]),
         created_at=ts(row[_I["created_at"]]),  # type: ignore[arg-type]

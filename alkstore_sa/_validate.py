@@ -125,6 +125,20 @@ def duration(value: object, what: str, *, minimum: float = 0.0) -> float:
 MIN_LEASE = 0.001
 
 
+def claim_lease(stamp: object) -> float:
+    """The lease a claim takes from its job's ``visibility_timeout`` stamp: the stamp within
+    what the API takes (MIN_LEASE to 100 years). A row written by hand may hold anything: a
+    stamp below zero made a claim that had lapsed before it was made, an infinite one a
+    deadline past the calendar, and the worker's heartbeats, refused as bad input, were
+    logged as a database outage (in a busy loop for a stamp of zero or less). A stamp that
+    is no number — NaN, which PostgreSQL stores, or text, which SQLite keeps — is the longest
+    lease, as each database orders it above every number (the claim's SQL, ``queue_ops._Lease``,
+    takes the same bounds)."""
+    if isinstance(stamp, (int, float)) and stamp == stamp:  # NaN is not equal to itself
+        return min(max(float(stamp), MIN_LEASE), MAX_DURATION)
+    return MAX_DURATION
+
+
 def _millisecond_or_more(value: object, what: str, why: str) -> float:
     """Seconds or a timedelta, at least MIN_LEASE (timestamps have millisecond precision:
     ``why`` a shorter span is refused), at most 100 years."""

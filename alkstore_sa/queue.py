@@ -529,7 +529,9 @@ class JobHandle:
 
     @property
     def _visibility_timeout(self) -> float:
-        return float(self._row[_VISIBILITY_TIMEOUT])
+        """The claim's lease (the stamp within the API's range: ``claim_lease``), which the
+        worker's heartbeats extend it by."""
+        return v.claim_lease(self._row[_VISIBILITY_TIMEOUT])
 
     @property
     def _wait(self) -> float:

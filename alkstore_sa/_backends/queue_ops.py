@@ -7,8 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from .. import _tracing
+from .._validate import MAX_DURATION, MIN_LEASE
 from ..errors import DatabaseError
 from ..schema import dead_jobs, jobs
 from .core import Core
@@ -35,6 +38,30 @@ WALK_LEVELS: sa.ColumnClause[Any] = sa.literal_column("32")
 # insert and its removal; each round is a fresh attempt, and this many in a row means
 # something keeps enqueueing and acking that key faster than one statement runs.
 UNIQUE_ROUNDS = 50
+class _Lease(sa.sql.expression.ColumnElement[Any]):
+    """The lease a claim takes from a job's ``visibility_timeout`` stamp, as
+    ``_validate.claim_lease`` computes it: the stamp within [MIN_LEASE, 100 years], the
+    bounds inline (every parameter a statement takes is named). A stamp written by hand
+    that is no number (NaN on PostgreSQL, text on SQLite) takes the ceiling, as an infinite
+    one does: each database orders it above every number. PostgreSQL's GREATEST/LEAST are
+    SQL syntax, resolved through no search_path; SQLite's are its multi-argument max/min."""
+
+    inherit_cache = True
+    _traverse_internals = [("stamp", InternalTraversal.dp_clauseelement)]
+
+    def __init__(self, stamp: sa.ColumnElement[Any]) -> None:
+        self.stamp = stamp
+        self.type = sa.Double()
+
+
+@compiles(_Lease)
+def _render_lease(element: _Lease, compiler: Any, **kw: Any) -> str:
+    return f"least(greatest({compiler.process(element.stamp, **kw)}, {MIN_LEASE!r}), {MAX_DURATION!r})"
+
+
+@compiles(_Lease, "sqlite")
+def _render_lease_sqlite(element: _Lease, compiler: Any, **kw: Any) -> str:
+    return f"min(max({compiler.process(element.stamp, **kw)}, {MIN_LEASE!r}), {MAX_DURATION!r})"
 
 
 class Requeued(NamedTuple):
@@ -354,7 +381,7 @@ class QueueOps(Core):
             "state": PROCESSING,
             "attempts": t.c.attempts + ONE,
             "claimed_at": now,
-            "claim_expires_at": now + t.c.visibility_timeout,
+            "claim_expires_at": now + _Lease(t.c.visibility_timeout),
             "worker_id": arg("worker_id"),
         }
 

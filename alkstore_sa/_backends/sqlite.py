@@ -17,6 +17,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
 from .. import _sqlite
+from .._validate import claim_lease
 from ..schema import (
     JOB_FIELDS,
     dead_jobs,
@@ -459,7 +460,7 @@ class SQLiteBackend(Backend):
         queue, now, worker = params["queue"], params["now"], params["worker_id"]
         # the row laid out as LIVE_COLUMNS, the columns the claim set filled in from the call
         return [
-            (r[0], queue, *r[1:10], now, now + r[5], worker, *r[10:], _PROCESSING_STATE)
+            (r[0], queue, *r[1:10], now, now + claim_lease(r[5]), worker, *r[10:], _PROCESSING_STATE)
             for r in ex.rows(claim, params)
         ]
 

@@ -531,7 +531,7 @@ def every_pg_statement(_pg_module_target: Target) -> dict[str, str]:
 # type names PostgreSQL's grammar maps to pg_catalog types itself (no search_path lookup)
 # (FLOAT: asyncpg's bind cast of a double; the grammar makes it pg_catalog.float8)
 KEYWORD_TYPES = {"INTEGER", "BIGINT", "SMALLINT", "VARCHAR", "DOUBLE PRECISION", "BOOLEAN", "FLOAT"}
-SQL_SYNTAX_CALLS = {"coalesce", "CAST", "OPERATOR"}
+SQL_SYNTAX_CALLS = {"coalesce", "greatest", "least", "CAST", "OPERATOR"}  # syntax: pg_catalog.least() does not exist
 
 
 def _without_literals(sql: str) -> str:

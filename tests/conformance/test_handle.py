@@ -11,6 +11,7 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa._backoff import backoff_delay
+from alkstore_sa._validate import MAX_DURATION, MIN_LEASE
 from tests.conftest import require_pg
 from tests.fresh_pg import fresh_pg_database
 from tests.support import FakeClock, Target
@@ -165,6 +166,65 @@ def test_retry_on_the_curve_of_a_nan_backoff_base_lands(pg_db: Target, clock: Fa
     store = pg_db.store(clock=clock)
     try:
         assert _retried_on_a_hand_written_base(pg_db, store, qname, math.nan) == 0
+    finally:
+        store.close()
+
+
+def _claimed_on_a_hand_written_visibility_timeout(
+    db: Target, store: alk.Store, qname: str, stamp: object
+) -> tuple[alk.JobHandle, float]:
+    """Claim a job whose visibility_timeout stamp was written by hand as ``stamp``: its
+    handle, and the claim's lease (its deadline as stored, less the claim's instant)."""
+    q = store.queue(qname)
+    job_id = q.enqueue(1)
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET visibility_timeout = :v WHERE id = :id", v=stamp, id=job_id)
+    now = store.now()
+    h = q.claim_one("w")
+    assert h is not None and h.id == job_id
+    job = q.get_job(job_id)
+    assert job is not None and job.claim_expires_at is not None
+    assert h.job.claim_expires_at == job.claim_expires_at  # the handle holds what was stored
+    return h, job.claim_expires_at.timestamp() - now
+
+
+@pytest.mark.parametrize(
+    ("stamp", "lease"),
+    [(-100.0, MIN_LEASE), (0.0, MIN_LEASE), (1e-300, MIN_LEASE), (math.inf, MAX_DURATION), (1e300, MAX_DURATION)],
+    ids=["negative", "zero", "tiny", "inf", "huge"],
+)
+def test_a_claim_on_a_visibility_timeout_written_by_hand_leases_within_the_api_range(
+    db: Target, store: alk.Store, qname: str, stamp: float, lease: float
+) -> None:
+    """A job row whose visibility_timeout stamp was written by hand outside what the API
+    takes (1 ms to 100 years): the claim's deadline was the stamp as it stood — a claim
+    that had lapsed before it was made (negative), or one set past the calendar (infinite,
+    read as year 9999). A claim leases the stamp within that range."""
+    h, taken = _claimed_on_a_hand_written_visibility_timeout(db, store, qname, stamp)
+    assert taken == pytest.approx(lease, abs=1e-5)
+    assert h._visibility_timeout == lease  # what the worker's heartbeats extend it by
+
+
+def test_a_claim_on_a_nan_visibility_timeout_leases_the_longest(pg_db: Target, clock: FakeClock, qname: str) -> None:
+    """NaN, which only PostgreSQL stores (and orders above every number): the claim's
+    deadline was NaN — never lapsing, and read back as year 1, a claim that looked lapsed.
+    It leases the longest span, as infinity does."""
+    store = pg_db.store(clock=clock)
+    try:
+        h, taken = _claimed_on_a_hand_written_visibility_timeout(pg_db, store, qname, math.nan)
+        assert taken == pytest.approx(MAX_DURATION, abs=1e-5) and h._visibility_timeout == MAX_DURATION
+    finally:
+        store.close()
+
+
+def test_a_claim_on_a_text_visibility_timeout_leases_the_longest(sqlite_db: Target, clock: FakeClock, qname: str) -> None:
+    """Text, which SQLite keeps in the column (and orders above every number): the claim
+    raised TypeError (not even an AlkstoreError) at every try, so no claim of the queue got
+    past the job. It leases the longest span, as infinity does, and reads as NaN."""
+    store = sqlite_db.store(clock=clock)
+    try:
+        h, taken = _claimed_on_a_hand_written_visibility_timeout(sqlite_db, store, qname, "five minutes")
+        assert taken == pytest.approx(MAX_DURATION, abs=1e-5) and h._visibility_timeout == MAX_DURATION
+        assert math.isnan(h.job.visibility_timeout)
     finally:
         store.close()
 

@@ -6,10 +6,12 @@ refresh logs its outages the same way. Real databases, both engines."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 
 import alkstore_sa as alk
+from alkstore_sa._validate import MAX_DURATION, MIN_LEASE
 from alkstore_sa.worker.heartbeater import Heartbeater, claim_key
 from alkstore_sa.worker.registry import Registration
 from tests.conformance.test_scheduler import FailingTrigger
@@ -60,6 +62,32 @@ def test_a_claim_lost_before_its_outcome_is_not_written(
     assert roster.lost(key) is True
     assert "claim lost" in caplog.text
     assert roster.settling(key) is False
+
+
+@pytest.mark.parametrize(("stamp", "lease"), [(-100.0, MIN_LEASE), (0.0, MIN_LEASE), (math.inf, MAX_DURATION)])
+def test_a_heartbeat_of_a_visibility_timeout_written_by_hand_extends_the_claims_lease(
+    db: Target, store: alk.Store, qname: str, stamp: float, lease: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job whose visibility_timeout stamp was written by hand outside what the API takes:
+    the worker's heartbeat extended its claim by the stamp, which ``heartbeat()`` refuses as
+    bad input — logged as a database outage ("heartbeats of this worker's claims failed"),
+    the claim never extended, and for a stamp of zero or less retried in a busy loop (its
+    next beat due at once). A heartbeat extends the claim by the lease the claim took."""
+    q = store.queue(qname)
+    job_id = q.enqueue(1)
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET visibility_timeout = :v WHERE id = :id", v=stamp, id=job_id)
+    h = q.claim_one("w")
+    assert h is not None
+    roster = Heartbeater()
+    roster.add([h])
+    key = claim_key(h)
+    with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+        roster._beat(roster._roster[key])
+    assert caplog.records == []
+    assert roster.lost(key) is False
+    job = q.get_job(job_id)
+    assert job is not None and job.claim_expires_at is not None
+    assert job.claim_expires_at.timestamp() - store.now() == pytest.approx(lease, abs=1e-5)
 
 
 def test_failing_heartbeats_are_one_warning_per_outage(
