@@ -4,6 +4,7 @@ action forms. Every value that came from a user or the database goes through ``e
 from __future__ import annotations
 
 import html
+import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
@@ -12,6 +13,7 @@ from urllib.parse import quote, urlencode
 
 from .._json_shown import compact, indented_within
 from .._rows import ts
+from .._validate import MAX_DURATION
 from .csrf import FIELD
 from .http import Request, Response
 from .target import own_url
@@ -71,9 +73,16 @@ def when(value: datetime | float | None) -> str:
 
 
 def age(seconds: float | None) -> str:
-    """A duration for people: ``-``, ``4.2s``, ``3m 04s``, ``2h 05m``, ``3d 04h``."""
+    """A duration for people: ``-``, ``4.2s``, ``3m 04s``, ``2h 05m``, ``3d 04h``. A span
+    no API call writes (a stamp written by hand into a row) is shown as stored: ``inf``,
+    ``nan`` (int() of it failed the page), or past 100 years ``1e+300s`` (not a count of
+    days 300 digits long)."""
     if seconds is None:
         return "-"
+    if not math.isfinite(seconds):
+        return str(seconds)
+    if abs(seconds) > MAX_DURATION:
+        return f"{seconds:g}s"
     s = int(seconds)
     if s < 60:
         return f"{seconds:.1f}s"

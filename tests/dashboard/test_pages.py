@@ -109,6 +109,36 @@ def test_job_page_live(dash, store: alk.Store, qname: str) -> None:
     assert dash.get("/jobs/" + "9" * 5000).status == 404  # past int()'s digit limit: not a 500
 
 
+@pytest.mark.parametrize(("stamp", "shown"), [(float("inf"), "inf"), (1e300, "1e+300s"), (-5.0, "-5.0s")])
+def test_job_page_of_a_visibility_timeout_written_by_hand(
+    dash, db: Target, store: alk.Store, qname: str, stamp: float, shown: str
+) -> None:
+    """A job whose visibility_timeout stamp was written by hand as infinity made its page
+    answer 500 (OverflowError in the duration's layout); one of 1e300 was laid out as a
+    count of days 300 digits long. Such a span is shown as stored."""
+    job_id = store.queue(qname).enqueue(1)
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET visibility_timeout = :v WHERE id = :id", v=stamp, id=job_id)
+    r = dash.get(f"/jobs/{job_id}")
+    assert r.status == 200 and f"<dt>visibility timeout</dt><dd>{shown}</dd>" in r.text
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_job_page_of_a_visibility_timeout_that_is_no_number(db: Target, kind: str, qname: str) -> None:
+    """NaN (PostgreSQL stores it) or text (SQLite keeps it): the job's page answered 500
+    (ValueError). It shows ``nan``."""
+    store = db.store()
+    browser = make_browser(kind, store)
+    try:
+        job_id = store.queue(qname).enqueue(1)
+        stamp = float("nan") if db.kind == "postgresql" else "five minutes"
+        db.execute(f"UPDATE {db.table('alkstore_jobs')} SET visibility_timeout = :v WHERE id = :id", v=stamp, id=job_id)
+        r = browser.get(f"/jobs/{job_id}")
+        assert r.status == 200 and "<dt>visibility timeout</dt><dd>nan</dd>" in r.text
+    finally:
+        browser.close()
+        store.close()
+
+
 def _one_dead_one_live(q: alk.Queue) -> tuple[int, int]:
     """A dead job and a pending one in ``q`` (their payloads to be spoiled by hand): their ids."""
     dead = q.enqueue({"b": 2})
