@@ -60,7 +60,7 @@ def number(value: Any) -> float:
 
 
 def _float(value: float | None) -> float | None:
-    return None if value is None else float(value)
+    return None if value is None else number(value)
 
 
 def _errors(text: str) -> list[dict[str, Any]]:
@@ -118,7 +118,7 @@ def job_from_row(row: tuple[Any, ...], payload: Any = NO_PAYLOAD) -> Job:
         attempts=row[_I["attempts"]],
         max_attempts=row[_I["max_attempts"]],
         visibility_timeout=number(row[_I["visibility_timeout"]]),
-        backoff_base=float(row[_I["backoff_base"]]),
+        backoff_base=number(row[_I["backoff_base"]]),
         dead_letter_retention=_float(row[_I["dead_letter_retention"]]),
         created_at=ts(row[_I["created_at"]]),  # type: ignore[arg-type]
         run_at=ts(row[_I["run_at"]]),  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from . import _limits
 from . import _validate as v
 from ._backends.queue_ops import Requeued
 from ._backoff import backoff_delay
-from ._rows import FIELD, NO_PAYLOAD, job_from_row, sort_claim_order
+from ._rows import FIELD, NO_PAYLOAD, job_from_row, number, sort_claim_order
 from .errors import HandleConsumed, InvalidOptions, PayloadError
 from .model import Job, QueueSettings, QueueStats, SweepResult
 from .schema import JOB_FIELDS
@@ -574,7 +574,7 @@ class JobHandle:
             if attempts >= self._row[FIELD["max_attempts"]]:
                 params["last_error"] = "max attempts exceeded"
                 return store.backend.bury(ex, params)
-            backoff_base = float(self._row[FIELD["backoff_base"]])
+            backoff_base = number(self._row[FIELD["backoff_base"]])  # text SQLite keeps: NaN, no wait
             params["delay"] = backoff_delay(backoff_base, attempts) if wait is None else wait
             return store.backend.retry(ex, params)
 

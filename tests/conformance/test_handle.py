@@ -170,6 +170,22 @@ def test_retry_on_the_curve_of_a_nan_backoff_base_lands(pg_db: Target, clock: Fa
         store.close()
 
 
+def test_retry_on_the_curve_of_a_text_backoff_base_lands(sqlite_db: Target, clock: FakeClock, qname: str) -> None:
+    """The same for a backoff_base of text, which SQLite keeps in the REAL column: the retry
+    raised ValueError (its outcome lost), and so did get_job. Text is no number: read as
+    NaN, no base — a retry now."""
+    store = sqlite_db.store(clock=clock)
+    try:
+        assert _retried_on_a_hand_written_base(sqlite_db, store, qname, "five") == 0  # type: ignore[arg-type]
+        job = store.queue(qname).get_job(store.queue(qname).enqueue(2))
+        assert job is not None
+        sqlite_db.execute("UPDATE alkstore_jobs SET backoff_base = 'five', dead_letter_retention = 'a day'")
+        job = store.queue(qname).get_job(job.id)
+        assert job is not None and math.isnan(job.backoff_base) and math.isnan(job.dead_letter_retention)  # type: ignore[arg-type]
+    finally:
+        store.close()
+
+
 def _claimed_on_a_hand_written_visibility_timeout(
     db: Target, store: alk.Store, qname: str, stamp: object
 ) -> tuple[alk.JobHandle, float]:
