@@ -34,13 +34,16 @@ def ts(value: float | None) -> datetime | None:
     """Epoch seconds as stored → an aware UTC datetime. A timestamp column is a float: one
     written by hand may name no date (``1e300``, an infinity, NaN); it reads as the
     calendar's first or last instant (NaN as the first) instead of failing the read —
-    a claim that took the job, a listing of its queue."""
+    a claim that took the job, a listing of its queue. Text, which SQLite keeps in the
+    column, names no instant either: the first, as NaN."""
     if value is None:
         return None
     try:
         return _fromtimestamp(value, _UTC)
     except (OverflowError, OSError, ValueError):
         return _LAST if value > 0 else _FIRST
+    except TypeError:
+        return _FIRST
 
 
 def in_calendar(value: float) -> float:

@@ -139,6 +139,38 @@ def test_job_page_of_a_visibility_timeout_that_is_no_number(db: Target, kind: st
         store.close()
 
 
+@pytest.mark.parametrize("column", ["run_at", "created_at", "expires_at", "claimed_at", "claim_expires_at"])
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_sqlite_job_with_text_in_a_timestamp_is_read_and_listed(
+    sqlite_db: Target, kind: str, column: str, qname: str
+) -> None:
+    """SQLite keeps the text a hand-written UPDATE puts in a job's timestamp column:
+    reading the row raised TypeError, so get_job failed, and so did the job's page and its
+    queue's listing (500 for every job listed with it). Text names no instant: it reads as
+    the calendar's first, as NaN does."""
+    store = sqlite_db.store()
+    browser = make_browser(kind, store)
+    try:
+        q = store.queue(qname)
+        job_id, other = q.enqueue(1, expires=3600), q.enqueue(2)
+        state = "processing" if column.startswith("claim") else "pending"
+        if state == "processing":
+            assert len(q.claim_batch("w", 2)) == 2
+        sqlite_db.execute(f"UPDATE alkstore_jobs SET {column} = 'yesterday' WHERE id = :id", id=job_id)
+        job = q.get_job(job_id)
+        assert job is not None and getattr(job, column) == datetime.min.replace(tzinfo=timezone.utc)
+        assert browser.get(f"/jobs/{job_id}").status == 200
+        listed: set[int] = set()
+        for shown in ("processing",) if state == "processing" else ("ready", "scheduled"):
+            r = browser.get(f"/queues/{qname}?state={shown}")
+            assert r.status == 200
+            listed.update(job_ids(r.text))
+        assert {job_id, other} <= listed
+    finally:
+        browser.close()
+        store.close()
+
+
 def _one_dead_one_live(q: alk.Queue) -> tuple[int, int]:
     """A dead job and a pending one in ``q`` (their payloads to be spoiled by hand): their ids."""
     dead = q.enqueue({"b": 2})
