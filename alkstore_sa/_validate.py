@@ -132,7 +132,7 @@ def claim_lease(stamp: object) -> float:
     deadline past the calendar, and the worker's heartbeats, refused as bad input, were
     logged as a database outage (in a busy loop for a stamp of zero or less). A stamp that
     is no number — NaN, which PostgreSQL stores, or text, which SQLite keeps — is the longest
-    lease, as each database orders it above every number (the claim's SQL, ``queue_ops._Lease``,
+    lease, as each database orders it above every number (the claim's SQL, ``queue_ops.lease``,
     takes the same bounds)."""
     if isinstance(stamp, (int, float)) and stamp == stamp:  # NaN is not equal to itself
         return min(max(float(stamp), MIN_LEASE), MAX_DURATION)

@@ -219,6 +219,11 @@ class PostgresBackend(Backend):
     failure_aborts_transaction = True
     # a worker's acks ride with its next claim: pipelined, one round trip (ack_and_claim_turns)
     acks_ride_claims = True
+    # attempts is a 32-bit integer: a count written by hand as its largest value made every
+    # claim of the queue fail ("integer out of range" on attempts + 1). Such a job is at its
+    # budget (max_attempts is no larger): a claim of it counts no further, and its claim
+    # lapsing, or a retry, buries it. (SQLite's integers go to 2**63: no ceiling there.)
+    attempts_ceiling = 2**31 - 1
 
     def compile_dialect(self) -> Dialect:
         # the driver's own, with every function, operator and type name resolved in

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
@@ -38,30 +38,51 @@ WALK_LEVELS: sa.ColumnClause[Any] = sa.literal_column("32")
 # insert and its removal; each round is a fresh attempt, and this many in a row means
 # something keeps enqueueing and acking that key faster than one statement runs.
 UNIQUE_ROUNDS = 50
-class _Lease(sa.sql.expression.ColumnElement[Any]):
-    """The lease a claim takes from a job's ``visibility_timeout`` stamp, as
-    ``_validate.claim_lease`` computes it: the stamp within [MIN_LEASE, 100 years], the
-    bounds inline (every parameter a statement takes is named). A stamp written by hand
-    that is no number (NaN on PostgreSQL, text on SQLite) takes the ceiling, as an infinite
-    one does: each database orders it above every number. PostgreSQL's GREATEST/LEAST are
-    SQL syntax, resolved through no search_path; SQLite's are its multi-argument max/min."""
+
+
+class _Clamp(sa.sql.expression.ColumnElement[Any]):
+    """``value`` within the inline bounds ``low`` (optional) and ``high`` (every parameter a
+    statement takes is named, so constants are written into it). PostgreSQL's
+    GREATEST/LEAST are SQL syntax, resolved through no search_path; SQLite's are its
+    multi-argument max/min. Each database orders a value that is no number (NaN on
+    PostgreSQL, text on SQLite) above every number: it takes ``high``."""
 
     inherit_cache = True
-    _traverse_internals = [("stamp", InternalTraversal.dp_clauseelement)]
+    _traverse_internals = [
+        ("value", InternalTraversal.dp_clauseelement),
+        ("low", InternalTraversal.dp_string),
+        ("high", InternalTraversal.dp_string),
+    ]
 
-    def __init__(self, stamp: sa.ColumnElement[Any]) -> None:
-        self.stamp = stamp
-        self.type = sa.Double()
+    def __init__(self, value: sa.ColumnElement[Any], low: float | None, high: float, type_: Any) -> None:
+        self.value = value
+        self.low = None if low is None else repr(low)
+        self.high = repr(high)
+        self.type = type_
 
 
-@compiles(_Lease)
-def _render_lease(element: _Lease, compiler: Any, **kw: Any) -> str:
-    return f"least(greatest({compiler.process(element.stamp, **kw)}, {MIN_LEASE!r}), {MAX_DURATION!r})"
+def _render_clamp(element: _Clamp, compiler: Any, least: str, greatest: str, **kw: Any) -> str:
+    text = compiler.process(element.value, **kw)
+    if element.low is not None:
+        text = f"{greatest}({text}, {element.low})"
+    return f"{least}({text}, {element.high})"
 
 
-@compiles(_Lease, "sqlite")
-def _render_lease_sqlite(element: _Lease, compiler: Any, **kw: Any) -> str:
-    return f"min(max({compiler.process(element.stamp, **kw)}, {MIN_LEASE!r}), {MAX_DURATION!r})"
+@compiles(_Clamp)
+def _render_clamp_pg(element: _Clamp, compiler: Any, **kw: Any) -> str:
+    return _render_clamp(element, compiler, "least", "greatest", **kw)
+
+
+@compiles(_Clamp, "sqlite")
+def _render_clamp_sqlite(element: _Clamp, compiler: Any, **kw: Any) -> str:
+    return _render_clamp(element, compiler, "min", "max", **kw)
+
+
+def lease(stamp: sa.ColumnElement[Any]) -> _Clamp:
+    """The lease a claim takes from a job's ``visibility_timeout`` stamp, as
+    ``_validate.claim_lease`` computes it: the stamp within [MIN_LEASE, 100 years]. A stamp
+    written by hand that is no number takes the ceiling, as an infinite one does."""
+    return _Clamp(stamp, MIN_LEASE, MAX_DURATION, sa.Double())
 
 
 class Requeued(NamedTuple):
@@ -375,13 +396,23 @@ class QueueOps(Core):
             self.not_expired(t, now),
         )
 
+    # The most attempts a claim counts, where the column's type bounds it (PostgreSQL's
+    # 32-bit integer): see PostgresBackend.
+    attempts_ceiling: ClassVar[int | None] = None
+
+    def _counted(self, attempts: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
+        """``attempts`` before a claim adds one to it: at most ``attempts_ceiling`` - 1."""
+        if self.attempts_ceiling is None:
+            return attempts
+        return _Clamp(attempts, None, self.attempts_ceiling - 1, sa.Integer())
+
     def _claim_values(self, t: Any = jobs, now: Any = None) -> dict[str, Any]:
         now = self.now() if now is None else now
         return {
             "state": PROCESSING,
-            "attempts": t.c.attempts + ONE,
+            "attempts": self._counted(t.c.attempts) + ONE,
             "claimed_at": now,
-            "claim_expires_at": now + _Lease(t.c.visibility_timeout),
+            "claim_expires_at": now + lease(t.c.visibility_timeout),
             "worker_id": arg("worker_id"),
         }
 

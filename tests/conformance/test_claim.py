@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
+
 import alkstore_sa as alk
-from tests.support import FakeClock
+from tests.support import FakeClock, Target
 
 
 def _ts(clock: FakeClock, offset: float = 0.0) -> datetime:
@@ -130,3 +132,31 @@ def test_claim_on_database_clock(dbstore: alk.Store, qname: str) -> None:
     now = datetime.now(timezone.utc)
     assert abs((job.claimed_at - now).total_seconds()) < 5
     assert job.created_at <= job.claimed_at
+
+
+@pytest.mark.parametrize("outcome", ["retry", "lapse"])
+def test_a_claim_of_a_job_whose_attempts_were_written_by_hand_as_the_largest_count(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, outcome: str
+) -> None:
+    """A pending job whose attempts an operator wrote as the largest 32-bit integer (to
+    have it die at its next failure, say): on PostgreSQL every claim of its queue failed
+    with "integer out of range" (attempts + 1), the other jobs of the queue unclaimable
+    too. A claim counts no further than that largest count (SQLite's integers go on to
+    2**63: it counts on); the job is at its budget, so a retry, or its claim lapsing,
+    buries it."""
+    top = 2**31 - 1
+    counted = top if db.kind == "postgresql" else top + 1
+    q = store.queue(qname, max_attempts=3, visibility_timeout=10)
+    job_id, other = q.enqueue("capped"), q.enqueue("other")
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET attempts = :a WHERE id = :id", a=top, id=job_id)
+    handles = {h.id: h for h in q.claim_batch("w", 5)}
+    assert set(handles) == {job_id, other}
+    assert handles[job_id].job.attempts == counted
+    if outcome == "retry":
+        assert handles[job_id].retry("boom") is True
+    else:
+        clock.advance(11)
+        assert [h.id for h in q.claim_batch("w", 5)] == [other]  # the capped one is buried
+    job = q.get_job(job_id)
+    assert job is not None and job.state == "dead" and job.attempts == counted
+    assert job.last_error == "max attempts exceeded"
