@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import _validate as v
 from . import cron
 from ._retry import Backoff, Outage
-from ._rows import ts
+from ._rows import number, ts
 from .errors import AlkstoreError, InvalidSpec, PayloadError
 from .model import Schedule
 from .queue import DEFAULT_OPTS, enqueue_params
@@ -112,10 +112,31 @@ def next_boundary(now: float, interval: float) -> float:
 
 
 def fires_due(next_fire_at: float, now: float, interval: float) -> int:
-    """How many boundaries from ``next_fire_at`` to ``now`` (inclusive) have elapsed."""
+    """How many boundaries from ``next_fire_at`` to ``now`` (inclusive) have elapsed. One
+    written by hand as minus infinity is due as long ago as can be: more than any cap (its
+    count overflowed)."""
     if next_fire_at > now:
         return 0
-    return math.floor((now - next_fire_at) / interval) + 1
+    elapsed = (now - next_fire_at) / interval
+    return math.floor(elapsed) + 1 if math.isfinite(elapsed) else _ALWAYS_MORE
+
+
+# More boundaries than any catch-up fires (fires_due of an infinite gap): well past the cap
+_ALWAYS_MORE = 2**63
+
+
+def stored_interval(name: str, spec: object, interval: float) -> float:
+    """An ``@every`` schedule's stored interval, which a spec gives as 1 s to 100 years. One
+    edited by hand outside that (zero, negative, NaN, infinite, or text SQLite keeps, read as
+    NaN) cannot fire: zero raised ZeroDivisionError out of the tick, so no schedule after it
+    fired; half a second fired the whole catch-up at every tick. InvalidSpec: the schedule
+    fails alone, logged as any that cannot fire."""
+    if not 1 <= interval <= v.MAX_DURATION:
+        raise InvalidSpec(
+            spec, f"schedule {name!r}: its stored interval {interval!r} is not 1 s to 100 years "
+            "(a row edited by hand?); register the schedule again",
+        )
+    return interval
 
 
 def schedule_from_row(row: tuple[Any, ...], *, decode: bool = True) -> Schedule:
@@ -123,7 +144,7 @@ def schedule_from_row(row: tuple[Any, ...], *, decode: bool = True) -> Schedule:
     operator tools show the stored text beside it)."""
     name, spec, interval, queue, payload, priority, max_attempts, expires, next_fire, created, updated, tz = row
     return Schedule(
-        name=name, spec=spec, interval=None if interval == CRON_INTERVAL else float(interval), queue=queue,
+        name=name, spec=spec, interval=None if interval == CRON_INTERVAL else number(interval), queue=queue,
         payload=v.decode_payload(payload) if decode else None, priority=priority, max_attempts=max_attempts,
         expires=None if expires is None else float(expires), next_fire_at=ts(next_fire),  # type: ignore[arg-type]
         created_at=ts(created), updated_at=ts(updated), tz=tz,  # type: ignore[arg-type]
@@ -279,9 +300,12 @@ class Scheduler:
 
     def _fire(self, ex: Any, sched: Schedule, old: float, now: float) -> int:
         if sched.interval is not None:
-            count = min(fires_due(old, now, sched.interval), MAX_CATCHUP)
-            nxt = next_boundary(now, sched.interval)
-            skipped = fires_due(old, now, sched.interval) - count
+            interval = stored_interval(sched.name, sched.spec, sched.interval)
+            due = fires_due(old, now, interval)
+            count = min(due, MAX_CATCHUP)
+            nxt = next_boundary(now, interval)
+            # how many were skipped, or True: some (uncounted: due from minus infinity)
+            skipped: int | bool = due - count if due < _ALWAYS_MORE else True
         elif old == CRON_INTERVAL:
             return self._unpark(ex, sched, now)
         else:
@@ -308,13 +332,13 @@ class Scheduler:
             # every retry); the boundaries beyond are skipped as those beyond the cap are
             room = v.batch_room(size)
             if count > room:
-                skipped = skipped + count - room if sched.interval is not None else True
+                skipped = True if skipped is True else skipped + count - room
                 count = room
             backend.enqueue_many(ex, params, [payload] * count)
         if skipped:
             log.warning(
                 "schedule %r: %s missed boundaries beyond the catch-up cap were skipped", sched.name,
-                skipped if sched.interval is not None else "its",  # cron: counting them could take long
+                "its" if skipped is True else skipped,  # cron: counting them could take long
             )
         log.debug("schedule %r fired %d time(s) into %r", sched.name, count, queue)
         return count

@@ -261,6 +261,45 @@ def test_catch_up_carries_at_most_one_batch_of_its_payload(
     assert sch.tick() == 1
 
 
+@pytest.mark.parametrize("interval", [0.0, -60.0, 0.5, math.inf, "NaN or text"])
+def test_a_schedule_whose_interval_was_written_by_hand_out_of_range_fails_alone(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, interval: object, caplog
+) -> None:
+    """A schedule row whose stored interval was edited by hand outside what a spec gives (1 s
+    to 100 years): 0 raised ZeroDivisionError (NaN, PostgreSQL, ValueError; text, SQLite,
+    ValueError) out of tick(), so no schedule after it in that tick fired, at every tick;
+    a negative one made tick() return -1, half a second fired 64 jobs at every tick, an
+    infinite one fired once and never again. Such a schedule cannot fire: it fails alone,
+    logged as any schedule that cannot fire, and the others fire."""
+    if interval == "NaN or text":
+        interval = math.nan if db.kind == "postgresql" else "every minute"
+    sch = Scheduler(store)
+    store.schedule("a-broken", "@every 1m", qname + "-a", {})
+    store.schedule("b-fine", "@every 1m", qname + "-b", {})
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET interval = :i WHERE name = 'a-broken'", i=interval)
+    clock.advance(60)
+    with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
+        assert sch.tick() == 1
+    assert len(jobs_of(db, qname + "-a")) == 0 and len(jobs_of(db, qname + "-b")) == 1
+    assert "schedule 'a-broken' could not fire" in caplog.text and "interval" in caplog.text
+    assert [s.name for s in store.schedules()] == ["a-broken", "b-fine"]  # still listed
+
+
+@pytest.mark.parametrize("stored", [-math.inf, -1e300])
+def test_a_schedule_due_since_the_calendars_start_catches_up_as_capped(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, stored: float
+) -> None:
+    """A schedule whose next_fire_at was written by hand as minus infinity: counting its
+    missed boundaries raised OverflowError out of tick(), the other schedules of the tick
+    unfired, at every tick. It is due as long ago as can be: 64 fires, then the next
+    boundary after now, as for any schedule that missed more than the cap."""
+    sch = Scheduler(store)
+    store.schedule("ancient", "@every 1m", qname, {})
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET next_fire_at = :t WHERE name = 'ancient'", t=stored)
+    assert sch.tick() == MAX_CATCHUP
+    assert next_at(store, "ancient") == T0 + 60
+
+
 def test_each_schedule_catches_up_on_its_own(
     db: Target, store: alk.Store, clock: FakeClock, qname: str
 ) -> None:
