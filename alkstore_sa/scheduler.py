@@ -125,6 +125,16 @@ def fires_due(next_fire_at: float, now: float, interval: float) -> int:
 _ALWAYS_MORE = 2**63
 
 
+def _boundary(stored: Any) -> float | None:
+    """A stored next_fire_at as a boundary to wait for, or None: one written by hand that is
+    no number (NaN on PostgreSQL, text SQLite keeps) is never due — each database orders it
+    above every number — and a wait for it was 0 (a busy loop) or raised TypeError."""
+    if stored is None:
+        return None
+    value = number(stored)
+    return None if math.isnan(value) else value
+
+
 def stored_interval(name: str, spec: object, interval: float) -> float:
     """An ``@every`` schedule's stored interval, which a spec gives as 1 s to 100 years. One
     edited by hand outside that (zero, negative, NaN, infinite, or text SQLite keeps, read as
@@ -362,14 +372,17 @@ class Scheduler:
         with self.store.executor(retry=True) as ex:  # reads
             now = backend.read_now(ex, self.store.now())
             if not self._failing:
-                nxt = backend.next_fire(ex, {})
+                nxt = _boundary(backend.next_fire(ex, {}))
                 return None if nxt is None else max(0.0, nxt - now)
             rows = backend.schedule_list(ex, {}, due=False)
         mono = time.monotonic()
-        waits = [
-            max(0.0, failing.retry_at - mono) if (failing := self._failing.get(row[0])) else max(0.0, row[8] - now)
-            for row in rows
-        ]
+        waits = []
+        for row in rows:
+            failing = self._failing.get(row[0])
+            if failing is not None:
+                waits.append(max(0.0, failing.retry_at - mono))
+            elif (nxt := _boundary(row[8])) is not None:
+                waits.append(max(0.0, nxt - now))
         return min(waits, default=None)
 
     def run(self, stop: StopToken, *, lease: v.Duration = 30.0, owner: str | None = None) -> None:

@@ -300,6 +300,28 @@ def test_a_schedule_due_since_the_calendars_start_catches_up_as_capped(
     assert next_at(store, "ancient") == T0 + 60
 
 
+def test_the_runners_wait_passes_over_a_next_fire_at_that_is_no_number(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """A schedule whose next_fire_at was written by hand as NaN (PostgreSQL) or text (SQLite
+    keeps it), which no tick finds due (each database orders it above every number): the
+    runner's wait for the next boundary was 0 on PostgreSQL — a busy loop, a round against
+    the database every millisecond — and raised TypeError on SQLite, ending the runner. It
+    waits for the other schedules' boundaries (none: its full period), whether or not one
+    of them is failing."""
+    sch = Scheduler(store)
+    store.schedule("odd", "@every 1m", qname, {})
+    stored = math.nan if db.kind == "postgresql" else "soon"
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET next_fire_at = :t WHERE name = 'odd'", t=stored)
+    assert sch._seconds_to_next_fire() is None
+    store.schedule("fine", "@every 1m", qname + "-b", {})
+    assert sch._seconds_to_next_fire() == 60
+    db.execute(f"UPDATE {db.table('alkstore_schedules')} SET interval = 0 WHERE name = 'fine'")
+    clock.advance(60)
+    assert sch.tick() == 0  # "fine" cannot fire now: its retry is what the runner waits for
+    assert 0 < sch._seconds_to_next_fire() <= 1  # type: ignore[operator]
+
+
 def test_each_schedule_catches_up_on_its_own(
     db: Target, store: alk.Store, clock: FakeClock, qname: str
 ) -> None:
