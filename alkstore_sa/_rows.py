@@ -33,17 +33,19 @@ LAST_EPOCH = _LAST.timestamp()
 def ts(value: float | None) -> datetime | None:
     """Epoch seconds as stored → an aware UTC datetime. A timestamp column is a float: one
     written by hand may name no date (``1e300``, an infinity, NaN); it reads as the
-    calendar's first or last instant (NaN as the first) instead of failing the read —
-    a claim that took the job, a listing of its queue. Text, which SQLite keeps in the
-    column, names no instant either: the first, as NaN."""
+    calendar's first or last instant instead of failing the read — a claim that took the
+    job, a listing of its queue. A value that is no number — NaN, which PostgreSQL stores,
+    or text, which SQLite keeps in the column — reads as the last: each database orders
+    it above every number, so such a deadline never passes (a claim never lapses, a lock
+    is held, a job is never due), and reading it as year 1 showed it long passed."""
     if value is None:
         return None
     try:
         return _fromtimestamp(value, _UTC)
     except (OverflowError, OSError, ValueError):
-        return _LAST if value > 0 else _FIRST
+        return _FIRST if value < 0 else _LAST
     except TypeError:
-        return _FIRST
+        return _LAST
 
 
 def in_calendar(value: float) -> float:

@@ -623,7 +623,7 @@ def _integer_as_stored(value: Any) -> int | str:
 def _utc(epoch: Any) -> datetime:
     """A stored timestamp as an aware UTC datetime (``ts``: one past the calendar, written
     by hand, is its first or last instant; text SQLite kept from a hand-written UPDATE,
-    which names no instant either, the first, as NaN)."""
+    which names no instant either, the last, as NaN)."""
     try:
         seconds = float(epoch)
     except (TypeError, ValueError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -329,3 +329,22 @@ def test_a_lock_handle_writes_nothing_and_closed_store_raises(
         lk.holder()
     with pytest.raises(alk.StoreClosed):
         store.lock(lname)
+
+
+def test_a_lock_whose_expiry_is_no_number_reads_as_held(
+    db: Target, store: alk.Store, clock: FakeClock, lname: str
+) -> None:
+    """A lock row whose expires_at was written by hand as NaN (PostgreSQL) or text (SQLite
+    keeps it): each database orders it above every number, so the lock never lapses — no
+    other owner acquires it — yet holder() read its expiry as the calendar's first instant,
+    a lease that looked lapsed since year 1. It reads as the last instant, as held forever
+    as it is (an infinite expiry reads so too)."""
+    lock = store.lock(lname)
+    assert lock.acquire("a", 10)
+    stored = math.nan if db.kind == "postgresql" else "later"
+    db.execute(f"UPDATE {db.table('alkstore_locks')} SET expires_at = :e WHERE name = :n", e=stored, n=lname)
+    clock.advance(3600)
+    assert lock.acquire("b", 10) is False
+    holder = lock.holder()
+    assert holder is not None and holder.owner == "a"
+    assert holder.expires_at == datetime.max.replace(tzinfo=timezone.utc)

@@ -147,7 +147,7 @@ def test_a_sqlite_job_with_text_in_a_timestamp_is_read_and_listed(
     """SQLite keeps the text a hand-written UPDATE puts in a job's timestamp column:
     reading the row raised TypeError, so get_job failed, and so did the job's page and its
     queue's listing (500 for every job listed with it). Text names no instant: it reads as
-    the calendar's first, as NaN does."""
+    the calendar's last, as NaN does (SQLite orders it after every number)."""
     store = sqlite_db.store()
     browser = make_browser(kind, store)
     try:
@@ -158,7 +158,7 @@ def test_a_sqlite_job_with_text_in_a_timestamp_is_read_and_listed(
             assert len(q.claim_batch("w", 2)) == 2
         sqlite_db.execute(f"UPDATE alkstore_jobs SET {column} = 'yesterday' WHERE id = :id", id=job_id)
         job = q.get_job(job_id)
-        assert job is not None and getattr(job, column) == datetime.min.replace(tzinfo=timezone.utc)
+        assert job is not None and getattr(job, column) == datetime.max.replace(tzinfo=timezone.utc)
         assert browser.get(f"/jobs/{job_id}").status == 200
         listed: set[int] = set()
         for shown in ("processing",) if state == "processing" else ("ready", "scheduled"):
@@ -381,7 +381,7 @@ def test_a_sqlite_worker_row_with_text_where_a_number_belongs_is_listed(
     integer and timestamp columns: ``store.workers()`` raised ValueError (OverflowError for
     an infinite pid; a fraction was cut to an integer), and with it ``alkstore status`` and
     the workers page, for every worker. A pid or concurrency that is not an integer is
-    listed as its text as stored; a timestamp that is not a number as the calendar's first
+    listed as its text as stored; a timestamp that is not a number as the calendar's last
     instant (as NaN reads)."""
     store = sqlite_db.store()
     browser = make_browser(kind, store)
@@ -395,7 +395,7 @@ def test_a_sqlite_worker_row_with_text_where_a_number_belongs_is_listed(
         (worker,) = store.workers()
         value = getattr(worker, column)
         if shown is None:
-            assert value == datetime.min.replace(tzinfo=timezone.utc)
+            assert value == datetime.max.replace(tzinfo=timezone.utc)
         else:
             assert value == shown
         r = browser.get("/workers")
