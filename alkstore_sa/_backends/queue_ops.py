@@ -28,7 +28,7 @@ from .sql import (
     bp,
 )
 
-# The first probe of a claim's priority walk: the largest value the priority column holds.
+# The first probe of a claim's priority walk: the largest value PostgreSQL's priority column holds.
 TOP_PRIORITY: sa.ColumnClause[Any] = sa.literal_column(str(2**31 - 1))
 # Priority levels a claim's walk visits one index probe each; past them, its worst case is
 # the single ordered scan of the claim index it replaced (see QueueOps._priorities).
@@ -324,7 +324,7 @@ class QueueOps(Core):
         then being where the caller's own ordered scan takes over. ``queue``: the queue's
         name as an expression (default: the ``:queue`` parameter)."""
         pending = [t.c.queue == (arg("queue") if queue is None else queue), t.c.state == PENDING]
-        pr = sa.select(TOP_PRIORITY.label("p"), ZERO.label("d")).cte("pr", recursive=True, nesting=nesting)
+        pr = sa.select(self.top_priority.label("p"), ZERO.label("d")).cte("pr", recursive=True, nesting=nesting)
         if now is not None:
             pending.append(sa.or_(pr.c.d < WALK_LEVELS, t.c.run_at <= now))
         lower = sa.select(sa.func.max(t.c.priority).label("p")).where(*pending, t.c.priority < pr.c.p)
@@ -395,6 +395,10 @@ class QueueOps(Core):
             t.c.attempts >= t.c.max_attempts,
             self.not_expired(t, now),
         )
+
+    # The first probe of the priority walk (``_priorities``): above every priority the
+    # column holds. PostgreSQL's int4 holds at most TOP_PRIORITY; see SQLiteBackend.
+    top_priority: ClassVar[sa.ColumnClause[Any]] = TOP_PRIORITY
 
     # The most attempts a claim counts, where the column's type bounds it (PostgreSQL's
     # 32-bit integer): see PostgresBackend.

@@ -103,6 +103,10 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     default_driver = "sqlite3"
     materialize_unswept = True  # see GaugeOps: else a row read per pending job
+    # SQLite's integers go to 2**63 (and a REAL past them): a priority written by hand above
+    # int32 was counted ready and never claimed, the walk starting below it. 9e999 is
+    # infinity, above every number (text, which sorts above numbers, stays unclaimed).
+    top_priority = sa.literal_column("9e999")
     # a worker's acks ride in its next claim's transaction: one writer-lock hold and one
     # WAL commit per batch instead of two (docs/worker.md, "Acks are written in batches")
     acks_ride_claims = True

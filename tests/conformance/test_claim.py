@@ -160,3 +160,22 @@ def test_a_claim_of_a_job_whose_attempts_were_written_by_hand_as_the_largest_cou
     job = q.get_job(job_id)
     assert job is not None and job.state == "dead" and job.attempts == counted
     assert job.last_error == "max attempts exceeded"
+
+
+@pytest.mark.parametrize("priority", [2**31, 2**40, 2**63 - 1, 1e30])
+def test_a_sqlite_job_whose_priority_was_written_by_hand_past_int32_is_claimed_first(
+    sqlite_db: Target, qname: str, priority: float
+) -> None:
+    """SQLite's integer column holds up to 2**63 (and a REAL past it): a pending job whose
+    priority was written by hand above 2**31 - 1 was counted ready but never claimed — the
+    claim's priority walk started at 2**31 - 1, below it — so it waited forever while its
+    queue's oldest ready age grew. It is claimed first, as its priority says."""
+    store = sqlite_db.store()
+    try:
+        q = store.queue(qname)
+        odd, normal = q.enqueue("odd"), q.enqueue("normal")
+        sqlite_db.execute("UPDATE alkstore_jobs SET priority = :p WHERE id = :id", p=priority, id=odd)
+        assert q.stats().ready == 2
+        assert [h.id for h in q.claim_batch("w", 5)] == [odd, normal]
+    finally:
+        store.close()
