@@ -309,10 +309,12 @@ class SQLiteBackend(Backend):
             readers.updated_at < self.now() - sa.literal_column(repr(NOTIFY_READER_TTL)),
         )
 
-    def stream_offsets_of(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, int]:
+    def stream_offsets_of(self, ex: Executor, params: Mapping[str, Any]) -> dict[str, Any]:
         """Last offset of each stream named in ``:names`` (a JSON array): the watcher's change
         detection, for the streams it has subscribers of (an application may have a stream
-        per tenant: reading every counter at each look would cost a look that much)."""
+        per tenant: reading every counter at each look would cost a look that much). Each
+        counter as stored: the watcher only compares it with the last one it read, and
+        ``int()`` of one written by hand as text raised at every look."""
 
         def build() -> sa.Executable:
             names = sa.func.json_each(bp("names", sa.Text)).table_valued("value")
@@ -320,7 +322,7 @@ class SQLiteBackend(Backend):
                 streams.c.name.in_(sa.select(names.c.value))
             )
 
-        return {name: int(last) for name, last in ex.rows(self.sql("stream_offsets_of", build), params)}
+        return dict(ex.rows(self.sql("stream_offsets_of", build), params))
 
     def notify_reader_drop(self, ex: Executor, params: Mapping[str, Any]) -> None:
         """The watcher ``:consumer`` has no subscriptions left: it holds nothing back."""

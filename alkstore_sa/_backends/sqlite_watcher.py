@@ -80,7 +80,7 @@ class SqliteHub:
         self.fanout = FanOut()
         self.queues = FanOut()
         self.streams = FanOut()
-        self._stream_offsets: dict[str, int] = {}
+        self._stream_offsets: dict[str, Any] = {}  # each watched counter as stored (an int, unless written by hand)
         self._backend = backend
         self._sql = backend.sql
         self._lock = threading.Lock()

@@ -11,6 +11,7 @@ arrives within seconds can only have come through the wake path, never the re-po
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import queue
@@ -24,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
-from tests.support import FakeClock, Target
+from tests.support import FakeClock, Target, wait_for
 
 DELIVERY = 5.0  # seconds a woken subscription may take (a bound for failure, not a speed claim)
 JOIN = 5.0  # seconds a stopped subscription's thread may take to end
@@ -995,4 +996,30 @@ def test_sqlite_the_watcher_reads_only_the_streams_it_has_subscribers_of(sqlite_
     finally:
         stop.stop()
         events.close()
+        store.close()
+
+
+def test_sqlite_the_watcher_reads_a_stream_counter_written_by_hand_as_text(
+    sqlite_db: Target, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite keeps the text an UPDATE puts in alkstore_streams.last_offset: the watcher
+    converted each watched stream's counter with int(), which raised at every look — a
+    traceback ("alkstore SQLite watcher error") for every commit to the database, and no
+    stream of the process woken any more (its subscribers left to re-poll). The watcher
+    compares the counter as stored: a change wakes the stream's subscribers, as any does."""
+    store = sqlite_db.store()
+    stop = alk.StopToken()
+    events = store.stream("odd").subscribe("c", stop)
+    thread = threading.Thread(target=lambda: list(events), daemon=True)
+    thread.start()
+    try:
+        store.stream("odd").publish({"n": 1})
+        wait_for(lambda: store.hub()._stream_offsets.get("odd") == 1, "the watcher's first look at the stream")
+        with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
+            sqlite_db.execute("UPDATE alkstore_streams SET last_offset = 'one' WHERE name = 'odd'")
+            wait_for(lambda: store.hub()._stream_offsets.get("odd") == "one", "the watcher's look at the text")
+        assert "watcher error" not in caplog.text
+    finally:
+        stop.stop()
+        thread.join(JOIN)
         store.close()
