@@ -1013,6 +1013,7 @@ def test_sqlite_the_watcher_reads_a_stream_counter_written_by_hand_as_text(
     thread = threading.Thread(target=lambda: list(events), daemon=True)
     thread.start()
     try:
+        wait_for(lambda: "odd" in store.hub().streams.channel_keys(), "the subscription's watch")
         store.stream("odd").publish({"n": 1})
         wait_for(lambda: store.hub()._stream_offsets.get("odd") == 1, "the watcher's first look at the stream")
         with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
