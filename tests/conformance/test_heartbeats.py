@@ -83,7 +83,7 @@ def test_a_heartbeat_of_a_visibility_timeout_written_by_hand_extends_the_claims_
     key = claim_key(h)
     with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
         roster._beat(roster._roster[key])
-    assert caplog.records == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("alkstore_sa")] == []
     assert roster.lost(key) is False
     job = q.get_job(job_id)
     assert job is not None and job.claim_expires_at is not None
