@@ -66,7 +66,7 @@ class StreamOps(Core):
             ),
         )
         rows = ex.rows(sql, params)
-        return int(rows[0][0]) if rows else 0
+        return _committed(rows[0][0]) if rows else 0
 
     def stream_trim(self, ex: Executor, params: Mapping[str, Any]) -> int:
         sql = self.sql(
@@ -82,3 +82,15 @@ class StreamOps(Core):
         """Last offset of every stream (the dashboard)."""
         sql = self.sql("stream_offsets", lambda: sa.select(streams.c.name, streams.c.last_offset))
         return {name: int(last) for name, last in ex.rows(sql, params)}
+
+
+def _committed(stored: Any) -> int:
+    """A consumer's committed offset as stored. SQLite keeps the text (or an infinity) an
+    UPDATE puts in the column, and ``int()`` of it raised out of ``offset()`` and so out of
+    every ``subscribe()`` of the consumer, which could not start again. One that names no
+    offset reads as 0: the consumer reads from the start (at least once), and its next
+    ``commit`` writes a real one."""
+    try:
+        return int(stored)
+    except (TypeError, ValueError, OverflowError):
+        return 0

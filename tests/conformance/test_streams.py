@@ -1024,3 +1024,31 @@ def test_sqlite_the_watcher_reads_a_stream_counter_written_by_hand_as_text(
         stop.stop()
         thread.join(JOIN)
         store.close()
+
+
+@pytest.mark.parametrize("stored", ["three", float("inf")])
+def test_sqlite_a_committed_offset_written_by_hand_as_no_offset_reads_from_the_start(
+    sqlite_db: Target, stored: object
+) -> None:
+    """SQLite keeps the text (or an infinity) an UPDATE puts in a consumer's committed
+    offset: offset() raised ValueError (OverflowError), and so did every subscribe() of the
+    consumer, which could not start again. It reads as 0 — the consumer reads from the
+    start (at least once) — and its next commit writes a real offset."""
+    store = sqlite_db.store()
+    try:
+        stream = store.stream("s")
+        stream.publish({"n": 1})
+        stream.commit("c", 1)
+        sqlite_db.execute("UPDATE alkstore_stream_offsets SET \"offset\" = :o WHERE consumer = 'c'", o=stored)
+        assert stream.offset("c") == 0
+        stop = alk.StopToken()
+        events = stream.subscribe("c", stop)
+        try:
+            assert next(events).offset == 1
+        finally:
+            stop.stop()
+            events.close()
+        stream.commit("c", 1)
+        assert stream.offset("c") == 1
+    finally:
+        store.close()
