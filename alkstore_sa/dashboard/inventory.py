@@ -50,14 +50,14 @@ def streams_page(view: View) -> Response:
         consumers = (
             f'<tr data-consumer="{esc(c.name)}">'
             + _cells((c.name, c.offset))
-            + f'<td class="num" data-lag>{c.lag}</td>'
+            + f'<td class="num" data-lag>{"-" if c.lag is None else c.lag}</td>'
             + _cells((when(c.updated_at),))
             + "</tr>"
             for c in s.consumers
         )
         parts.append(
             f'<section data-stream="{esc(s.name)}"><h2>{esc(s.name)}</h2>'
-            f'<p>last offset <span class="num" data-last-offset>{s.last_offset}</span></p>'
+            f'<p>last offset <span class="num" data-last-offset>{esc(s.last_offset)}</span></p>'
             + _table("consumers", ("consumer", "offset", "lag", "committed (UTC)"), consumers, "no consumers")
             + "</section>"
         )

@@ -143,16 +143,26 @@ def dead_page(store: Store, queue: str | None, before: int | None, limit: int = 
 @dataclass(frozen=True)
 class Consumer:
     name: str
-    offset: int
-    lag: int
+    offset: int | str  # str: written by hand as no integer (SQLite keeps it), as stored
+    lag: int | None  # None: an offset that is no integer
     updated_at: Any
 
 
 @dataclass(frozen=True)
 class StreamRow:
     name: str
-    last_offset: int
+    last_offset: int | str  # as Consumer.offset
     consumers: list[Consumer]
+
+
+def _offset_shown(stored: Any) -> int | str:
+    """An offset as stored: SQLite keeps the text an UPDATE puts in the column, and
+    ``int()`` of it failed the streams page for every stream. An integer as such (a
+    fraction cut as before), anything else its text as stored."""
+    try:
+        return int(stored)
+    except (TypeError, ValueError, OverflowError):
+        return str(stored)
 
 
 def stream_rows(store: Store) -> list[StreamRow]:
@@ -161,15 +171,16 @@ def stream_rows(store: Store) -> list[StreamRow]:
     store._check_open()
     with store.executor(retry=True) as ex:  # a read
         rows = store.backend.stream_overview(ex, {})
-    last: dict[str, int] = {}
+    last: dict[str, int | str] = {}
     consumers = []
     for stream, last_offset, consumer, offset, updated_at in rows:
         if consumer is None:
-            last[stream] = int(last_offset)
+            last[stream] = _offset_shown(last_offset)
         else:
-            consumers.append((stream, consumer, int(offset), updated_at))
+            consumers.append((stream, consumer, _offset_shown(offset), updated_at))
     by_stream: dict[str, list[Consumer]] = {}
     for stream, consumer, offset, updated_at in sorted(consumers, key=lambda c: (c[0], c[1])):
         top = last.get(stream, 0)
-        by_stream.setdefault(stream, []).append(Consumer(consumer, offset, max(0, top - offset), ts(updated_at)))
+        lag = max(0, top - offset) if isinstance(top, int) and isinstance(offset, int) else None
+        by_stream.setdefault(stream, []).append(Consumer(consumer, offset, lag, ts(updated_at)))
     return [StreamRow(name, last.get(name, 0), by_stream.get(name, [])) for name in sorted(set(last) | set(by_stream))]

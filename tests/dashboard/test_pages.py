@@ -548,6 +548,31 @@ def test_streams_page(dash, store: alk.Store, qname: str) -> None:
     assert '<td class="num" data-lag>0</td>' in row_of(section, "data-consumer", "audit")
 
 
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_sqlite_stream_whose_offsets_were_written_by_hand_as_text_is_listed(sqlite_db: Target, kind: str) -> None:
+    """SQLite keeps the text an UPDATE puts in a stream's counter or a consumer's committed
+    offset: the streams page read them with int() and answered 500, for every stream. Each
+    is listed as stored (escaped), its lag as "-"; the other streams as ever."""
+    store = sqlite_db.store()
+    browser = make_browser(kind, store)
+    try:
+        for name in ("odd", "fine"):
+            store.stream(name).publish(1)
+            store.stream(name).commit("c", 1)
+        sqlite_db.execute("UPDATE alkstore_streams SET last_offset = '<b>two</b>' WHERE name = 'odd'")
+        sqlite_db.execute("UPDATE alkstore_stream_offsets SET \"offset\" = 'one' WHERE stream = 'odd'")
+        r = browser.get("/streams")
+        assert r.status == 200
+        odd = r.text.split('<section data-stream="odd">')[1].split("</section>")[0]
+        assert "data-last-offset>&lt;b&gt;two&lt;/b&gt;</span>" in odd
+        assert "<td>one</td>" in row_of(odd, "data-consumer", "c") and "data-lag>-</td>" in odd
+        fine = r.text.split('<section data-stream="fine">')[1].split("</section>")[0]
+        assert "data-last-offset>1</span>" in fine and '<td class="num" data-lag>0</td>' in fine
+    finally:
+        browser.close()
+        store.close()
+
+
 class _Fetched:
     """A statement's rows, already fetched (what the store's statement runner returns)."""
 
