@@ -564,8 +564,13 @@ class QueueOps(Core):
         return sa.and_(jobs.c.queue == bp("queue", sa.Text), jobs.c.expires_at <= self.now())
 
     def _purgeable(self) -> sa.ColumnElement[bool]:
+        # Each stamp compared as stored, never summed: SQLite's + reads text (which it keeps
+        # from a hand-written UPDATE: "7 days") as 0, which purged the job at once; a
+        # comparison orders text, like PostgreSQL's NaN, above every number (kept).
+        now = self.now()
         return sa.and_(
             dead_jobs.c.queue == bp("queue", sa.Text),
             dead_jobs.c.dead_letter_retention.is_not(None),
-            dead_jobs.c.died_at + dead_jobs.c.dead_letter_retention <= self.now(),
+            dead_jobs.c.died_at <= now,
+            dead_jobs.c.dead_letter_retention <= now - dead_jobs.c.died_at,
         )

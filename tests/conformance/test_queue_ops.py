@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Any
 
@@ -286,3 +287,25 @@ def test_ack_batch_refuses_consumed_handles_before_acking_anything(store: alk.St
         q.ack_batch([h2, h1])
     assert not h2.consumed and q.get_job(h2.id).state == "processing"  # type: ignore[union-attr]
     assert q.ack_batch([h2]) == 1
+
+
+@pytest.mark.parametrize("column", ["dead_letter_retention", "died_at"])
+def test_a_dead_job_whose_retention_stamps_name_no_number_is_kept_by_the_sweep(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, column: str
+) -> None:
+    """A dead job whose dead_letter_retention or died_at was written by hand as something
+    that is no number — text on SQLite (which keeps it; "7 days", say), NaN on PostgreSQL:
+    on SQLite the sweep's died_at + retention read the text as 0, so the job was purged at
+    the next sweep, as if its retention had passed (the dead letter lost). PostgreSQL keeps
+    a NaN (its order puts NaN above every number). Such a job is kept, as for a retention
+    that never ends, on both engines."""
+    q = store.queue(qname, dead_letter_retention=100)
+    job_id = q.enqueue(1)
+    h = q.claim_one("w")
+    assert h is not None and h.fail("boom")
+    stored = math.nan if db.kind == "postgresql" else "7 days"
+    db.execute(f"UPDATE {db.table('alkstore_dead_jobs')} SET {column} = :v WHERE id = :id", v=stored, id=job_id)
+    clock.advance(50)
+    assert q.sweep_expired() == alk.SweepResult(expired=0, purged=0)
+    job = q.get_job(job_id)
+    assert job is not None and job.state == "dead"
