@@ -134,6 +134,8 @@ def claim_lease(stamp: object) -> float:
     is no number — NaN, which PostgreSQL stores, or text, which SQLite keeps — is the longest
     lease, as each database orders it above every number (the claim's SQL, ``queue_ops.lease``,
     takes the same bounds)."""
+    if (type(stamp) is float or type(stamp) is int) and MIN_LEASE <= stamp <= MAX_DURATION:
+        return stamp  # the usual stamp (NaN fails both comparisons; SQLite reads 300.0 as 300)
     if isinstance(stamp, (int, float)) and stamp == stamp:  # NaN is not equal to itself
         return min(max(float(stamp), MIN_LEASE), MAX_DURATION)
     return MAX_DURATION

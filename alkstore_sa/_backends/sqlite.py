@@ -17,7 +17,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
 from .. import _sqlite
-from .._validate import claim_lease
+from .._validate import MAX_DURATION, MIN_LEASE, claim_lease
 from ..schema import (
     JOB_FIELDS,
     dead_jobs,
@@ -92,6 +92,9 @@ NOTIFY_READER_TTL = 60.0
 # escape), so it is failed and shown as any stored payload that is not JSON. (A
 # methodcaller, not a function: it runs for every text value read, with no Python frame.)
 _lenient_text: Callable[[bytes], str] = operator.methodcaller("decode", "utf-8", "backslashreplace")
+
+
+_PLAIN = (int, float)  # a stamp's types read back as they are (not bool, not text)
 
 
 class _ShortAck(Exception):
@@ -464,9 +467,15 @@ class SQLiteBackend(Backend):
         if ex.rowcount(bury, params):
             ex.rowcount(drop, params)
         queue, now, worker = params["queue"], params["now"], params["worker_id"]
-        # the row laid out as LIVE_COLUMNS, the columns the claim set filled in from the call
+        # the row laid out as LIVE_COLUMNS, the columns the claim set filled in from the call;
+        # the lease as claim_lease takes it, that function called only for a stamp out of
+        # its usual range (this runs for every row claimed)
         return [
-            (r[0], queue, *r[1:10], now, now + claim_lease(r[5]), worker, *r[10:], _PROCESSING_STATE)
+            (
+                r[0], queue, *r[1:10], now,
+                now + (vt if type(vt := r[5]) in _PLAIN and MIN_LEASE <= vt <= MAX_DURATION else claim_lease(vt)),
+                worker, *r[10:], _PROCESSING_STATE,
+            )
             for r in ex.rows(claim, params)
         ]
 
