@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
+import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -348,3 +351,34 @@ def test_a_lock_whose_expiry_is_no_number_reads_as_held(
     holder = lock.holder()
     assert holder is not None and holder.owner == "a"
     assert holder.expires_at == datetime.max.replace(tzinfo=timezone.utc)
+
+
+def _documented_cleanup(kind: str) -> str:
+    """The statement docs/locks.md gives for deleting rows lapsed for a day, on ``kind``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "locks.md").read_text()
+    statements = re.findall(r"`(DELETE FROM [^`]+)`", text)
+    pg, sqlite = (s for s in statements if "alkstore_locks" in s)
+    return sqlite if kind == "sqlite" else pg
+
+
+def test_the_documented_cleanup_deletes_only_rows_lapsed_for_a_day(db: Target, lname: str) -> None:
+    """docs/locks.md's cleanup statement, as written there (the table under its default
+    schema and name, which the test's schema stands in for): a row lapsed two days ago goes;
+    a live lease and one lapsed an hour ago stay. It must run on the oldest SQLite the
+    library supports (3.35: ``unixepoch()`` came in 3.38)."""
+    clock = FakeClock(time.time() - 2 * 86400)
+    old = alk.Store(db.engine, schema=db.schema, clock=clock)
+    assert old.lock(f"{lname}-old").acquire("a", 60)
+    clock.advance(2 * 86400 - 3600 - 60)
+    assert old.lock(f"{lname}-recent").acquire("a", 60)
+    now = alk.Store(db.engine, schema=db.schema)  # the database statement reads the real clock
+    assert now.lock(f"{lname}-live").acquire("a", 600)
+    sql = _documented_cleanup(db.kind)
+    sql = sql.replace("alkstore.alkstore_locks", db.table("alkstore_locks")) if db.kind == "postgresql" else sql
+    with db.engine.begin() as c:
+        c.exec_driver_sql(sql)
+    names = {r[0] for r in lock_rows(db)}
+    old.close()
+    now.close()
+    assert f"{lname}-old" not in names
+    assert {f"{lname}-recent", f"{lname}-live"} <= names
