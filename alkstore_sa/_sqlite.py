@@ -148,16 +148,11 @@ def note_busy_timeout(exc: BaseException, dbapi_conn: Any) -> None:
     if dbapi_conn is None or getattr(exc, "sqlite_errorcode", None) != SQLITE_BUSY or hasattr(exc, _WAITED):
         return
     try:
-        cursor = dbapi_conn.cursor()  # the driver's own cursor: no statement event, no echo
-        try:
-            cursor.execute("PRAGMA busy_timeout")
-            row = cursor.fetchone()
-        finally:
-            cursor.close()
+        rows = _rows(dbapi_conn, "PRAGMA busy_timeout")  # the driver's cursor: no statement event, no echo
     except Exception:  # noqa: BLE001 - the error is raised as it is, naming the store's bound
         return
-    if row is not None:
-        setattr(exc, _WAITED, int(row[0]))
+    if rows:
+        setattr(exc, _WAITED, int(rows[0][0]))
 
 
 def _pause_bound(waited: float, quiet: float) -> float:

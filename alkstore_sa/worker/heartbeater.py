@@ -23,10 +23,6 @@ ClaimKey = tuple[int, int]  # (job id, attempt): one claim of one job
 RETRY_MIN, RETRY_MAX = 0.1, 1.0  # seconds: a failed heartbeat is retried after min(vt/10, 1 s)
 
 
-def claim_key(h: JobHandle) -> ClaimKey:
-    return h._claim
-
-
 @dataclass(slots=True)
 class _Entry:
     handle: JobHandle

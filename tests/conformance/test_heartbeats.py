@@ -12,7 +12,7 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa._validate import MAX_DURATION, MIN_LEASE
-from alkstore_sa.worker.heartbeater import Heartbeater, claim_key
+from alkstore_sa.worker.heartbeater import Heartbeater
 from alkstore_sa.worker.registry import Registration
 from tests.conformance.test_scheduler import FailingTrigger
 from tests.support import FakeClock, Target
@@ -36,7 +36,7 @@ def test_a_heartbeat_beaten_by_its_jobs_ack_is_no_lost_claim(
     (h,) = _claimed(store, qname, 1)
     roster = Heartbeater()
     roster.add([h])
-    key = claim_key(h)
+    key = h._claim
     in_flight = roster._roster[key]
     assert roster.settling(key)  # the writer's turn: from now on its outcome is written
     assert store.queue(qname).ack_batch([h.id]) == 1  # the ack lands first
@@ -55,7 +55,7 @@ def test_a_claim_lost_before_its_outcome_is_not_written(
     (h,) = _claimed(store, qname, 1)
     roster = Heartbeater()
     roster.add([h])
-    key = claim_key(h)
+    key = h._claim
     clock.advance(31)  # past the visibility timeout: the heartbeat comes too late
     with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
         roster._beat(roster._roster[key])
@@ -80,7 +80,7 @@ def test_a_heartbeat_of_a_visibility_timeout_written_by_hand_extends_the_claims_
     assert h is not None
     roster = Heartbeater()
     roster.add([h])
-    key = claim_key(h)
+    key = h._claim
     with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
         roster._beat(roster._roster[key])
     assert [r.getMessage() for r in caplog.records if r.name.startswith("alkstore_sa")] == []
@@ -111,7 +111,7 @@ def test_failing_heartbeats_are_one_warning_per_outage(
     assert len(debug) == 11
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(infos) == 1 and "recovered" in infos[0] and "12 failed attempt(s)" in infos[0], infos
-    assert not any(roster.lost(claim_key(h)) for h in handles)
+    assert not any(roster.lost(h._claim) for h in handles)
 
 
 def test_a_failing_registry_refresh_is_one_warning_per_outage(
