@@ -12,7 +12,7 @@ import asyncio
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -116,6 +116,36 @@ def test_every_async_form_of_session_joins_its_transaction(target_and_url: tuple
         store.close()
 
 
+def _gathered_then_alone(
+    store: alk.Store, url: sa.URL, call: Callable[[AsyncSession, str], Awaitable[int]]
+) -> tuple[list[Any], list[int]]:
+    """``call(session, payload)`` twice, gathered, on one new AsyncSession of a new engine
+    (no pooled connection: the session must make one), then once alone, then a commit: the
+    gathered results (exceptions returned) and the later call's id."""
+
+    async def scenario() -> tuple[list[Any], list[int]]:
+        engine = create_async_engine(url)
+        store.register(engine)
+        try:
+            async with AsyncSession(engine) as session:
+                results = await asyncio.gather(call(session, "first"), call(session, "second"), return_exceptions=True)
+                later = await call(session, "later")
+                await session.commit()
+            return results, [later]
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(scenario())
+
+
+def _the_one_refusal(results: list[Any]) -> str:
+    """The message of the one InvalidOptions among gathered ``results``."""
+    refused = [r for r in results if isinstance(r, BaseException)]
+    assert len(refused) == 1, results
+    assert isinstance(refused[0], alk.InvalidOptions), repr(refused[0])
+    return str(refused[0])
+
+
 def test_calls_gathered_on_one_async_session_are_refused_with_invalid_options(
     target_and_url: tuple[Target, sa.URL],
 ) -> None:
@@ -127,27 +157,9 @@ def test_calls_gathered_on_one_async_session_are_refused_with_invalid_options(
     target, url = target_and_url
     name = _qname()
 
-    async def scenario(store: alk.Store) -> tuple[list[Any], list[int]]:
-        engine = create_async_engine(url)  # no pooled connection: the session must make one
-        store.register(engine)
-        try:
-            async with AsyncSession(engine) as session:
-                results = await asyncio.gather(
-                    alk.aenqueue(session, name, "first"), alk.aenqueue(session, name, "second"),
-                    return_exceptions=True,
-                )
-                later = await alk.aenqueue(session, name, "later")
-                await session.commit()
-            return results, [later]
-        finally:
-            await engine.dispose()
-
     with target.store() as store:
-        results, later = asyncio.run(scenario(store))
-        refused = [r for r in results if isinstance(r, BaseException)]
-        assert len(refused) == 1, results
-        assert isinstance(refused[0], alk.InvalidOptions), repr(refused[0])
-        message = str(refused[0])
+        results, later = _gathered_then_alone(store, url, lambda session, p: alk.aenqueue(session, name, p))
+        message = _the_one_refusal(results)
         assert message.startswith("alk.aenqueue got an AsyncSession already running another operation"), message
         assert "one after another" in message and "its own AsyncSession" in message, message
         kept = [r for r in results if not isinstance(r, BaseException)] + later
@@ -169,26 +181,9 @@ def test_task_calls_gathered_on_one_async_session_are_refused_naming_the_tasks_c
     def greet(who: str) -> None:
         pass
 
-    async def scenario(store: alk.Store) -> tuple[list[Any], list[int]]:
-        engine = create_async_engine(url)  # no pooled connection: the session must make one
-        store.register(engine)
-        try:
-            async with AsyncSession(engine) as session:
-                results = await asyncio.gather(
-                    greet.aenqueue(session, "first"), greet.aenqueue(session, "second"), return_exceptions=True
-                )
-                later = await greet.aenqueue(session, "later")
-                await session.commit()
-            return results, [later]
-        finally:
-            await engine.dispose()
-
     with target.store() as store:
-        results, later = asyncio.run(scenario(store))
-        refused = [r for r in results if isinstance(r, BaseException)]
-        assert len(refused) == 1, results
-        assert isinstance(refused[0], alk.InvalidOptions), repr(refused[0])
-        message = str(refused[0])
+        results, later = _gathered_then_alone(store, url, greet.aenqueue)
+        message = _the_one_refusal(results)
         assert message.startswith("task.aenqueue got an AsyncSession already running another operation"), message
         assert store.queue(name).stats().pending == 2
 

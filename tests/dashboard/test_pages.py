@@ -207,6 +207,13 @@ def test_a_stored_payload_that_is_not_json_is_shown_as_stored(dash, db: Target, 
     assert q.stats() == alk.QueueStats(0, 0, 0, 0, None)
 
 
+def _store_payload_bytes(db: Target, live: int, dead: int, hex_bytes: str) -> None:
+    """Write these bytes as the TEXT payload of a live and a dead job, as a hand-written
+    UPDATE can on SQLite (whatever they are)."""
+    for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
+        db.execute(f"UPDATE {table} SET payload = CAST(X'{hex_bytes}' AS TEXT) WHERE id = :id", id=job_id)
+
+
 def test_sqlite_a_stored_payload_that_is_not_utf8_is_shown_with_its_bytes_escaped(sqlite_db: Target, qname: str) -> None:
     """SQLite keeps whatever bytes a hand-written UPDATE puts in a TEXT column: a payload
     that is not UTF-8 made its queue's page, the dead letters and its job page answer 500.
@@ -217,10 +224,7 @@ def test_sqlite_a_stored_payload_that_is_not_utf8_is_shown_with_its_bytes_escape
     try:
         q = store.queue(qname)
         dead, live = _one_dead_one_live(q)
-        for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
-            sqlite_db.execute(
-                f"UPDATE {table} SET payload = CAST(X'7B2261223A2280FF227D' AS TEXT) WHERE id = :id", id=job_id,
-            )  # {"a":"<80><FF>"}
+        _store_payload_bytes(sqlite_db, live, dead, "7B2261223A2280FF227D")  # {"a":"<80><FF>"}
         shown = html.escape('{"a":"\\x80\\xff"}')
         for path in (f"/queues/{qname}", "/dead", f"/queues/{qname}?state=dead", f"/jobs/{live}", f"/jobs/{dead}"):
             r = dash.get(path)
@@ -244,10 +248,7 @@ def test_sqlite_a_stored_payload_holding_a_nul_byte_is_listed_past_it(sqlite_db:
     try:
         q = store.queue(qname)
         dead, live = _one_dead_one_live(q)
-        for table, job_id in (("alkstore_jobs", live), ("alkstore_dead_jobs", dead)):
-            sqlite_db.execute(
-                f"UPDATE {table} SET payload = CAST(X'7B2261223A00227A227D' AS TEXT) WHERE id = :id", id=job_id,
-            )  # {"a":<NUL>"z"}
+        _store_payload_bytes(sqlite_db, live, dead, "7B2261223A00227A227D")  # {"a":<NUL>"z"}
         wide = q.enqueue({"w": "日本" * 100})
         listed = html.escape('{"a":\x00"z"}')  # as stored, as the job page shows it
         for path in (f"/queues/{qname}", "/dead", f"/queues/{qname}?state=dead"):
