@@ -48,7 +48,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..queue import JobHandle, ack_claims
@@ -67,10 +66,9 @@ Answer = Callable[[JobHandle], bool]
 the error of a failed write."""
 
 
-@dataclass(slots=True)
-class _Pending:
-    work: Work
-    due: float  # time.monotonic() by which its ack must be written
+_Pending = tuple["Work", float]
+"""An ack waiting for its batch: the job, and the ``time.monotonic()`` by which it must be
+written (a tuple, not a class: one is made per job)."""
 
 
 class Acker:
@@ -139,8 +137,9 @@ class Acker:
         with self._lock:
             if self._stopping or self._thread is None:
                 return False
-            due = now + min(self.max_delay, w.handle._visibility_timeout / 10)
-            self._pending.append(_Pending(w, due))
+            wait = w.handle._visibility_timeout / 10
+            due = now + (wait if wait < self.max_delay else self.max_delay)
+            self._pending.append((w, due))
             self._added = True
             if due < self._first_due:
                 self._first_due = due
@@ -171,7 +170,7 @@ class Acker:
         pending = self._pending
         batch = pending[: self.max_batch]
         del pending[: self.max_batch]
-        self._first_due = min((p.due for p in pending), default=float("inf"))
+        self._first_due = min((due for _, due in pending), default=float("inf"))
         self._writing = True
         return batch
 
@@ -233,7 +232,7 @@ class Acker:
         """Write the batch — in the transaction of the claim for the slots it frees, where
         the claimer takes it along (``Ride``), else as one statement of its own — then
         record each job's outcome and free the batch's slots together."""
-        works = [p.work for p in batch]
+        works = [w for w, _ in batch]
         writing = [w for w, live in zip(works, self._settling(works), strict=True) if live]
         ride_with = self.ride_with
         if writing and ride_with is not None:

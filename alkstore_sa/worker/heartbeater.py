@@ -64,9 +64,10 @@ class Heartbeater:
         first = float("inf")
         with self._lock:
             for h in handles:
-                entry = _Entry(h, now + h._visibility_timeout / 3)
-                self._roster[h._claim] = entry
-                first = min(first, entry.next_beat)
+                beat = now + h._visibility_timeout / 3
+                self._roster[h._claim] = _Entry(h, beat)
+                if beat < first:
+                    first = beat
         if first < self._wake_at:
             self._nudge.set()  # a short visibility timeout: its first beat is due before that wake
 
