@@ -93,7 +93,11 @@ class Store:
         self._conns = ConnectionCache(engine, self.backend)
         self._hub: Any = None
         self._hub_pid = 0
+        # guards starting the listener/watcher, which connects and reads (SQLite: under the
+        # engine's pool_timeout and the busy timeout); replaced in a forked child
+        # (_new_hub_locks_after_fork), where a thread of the parent may have held it at fork
         self._hub_lock = threading.Lock()
+        _stores.add(self)
         self._closed = False
         self._schema_checked = False
         # queues this process found to have settings (SPEC §14): their claims go straight
@@ -461,6 +465,23 @@ class Store:
     def _read_own_identity(self) -> tuple[Any, ...]:
         with Lease(self._conns) as own:
             return self.backend.database_identity(own)
+
+
+# Every Store made in this process, for the at-fork handler below.
+_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _new_hub_locks_after_fork() -> None:
+    """In a forked child: a fresh hub lock for every store. Another thread of the parent
+    may have been starting a listener or watcher at fork time (a SQLite watcher connects
+    and reads while holding the lock, which can take up to the pool's timeout); that thread
+    does not exist in the child, so its lock would stay held for good, and the child's first
+    ``listen()``, ``subscribe()``, worker wake-up or ``close()`` would wait forever."""
+    for store in list(_stores):
+        store._hub_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_hub_locks_after_fork)
 
 
 # _SHARING_POOLS (from _sqlite, whose settings must not dispose of such a pool either):

@@ -629,6 +629,56 @@ def test_forked_child_never_uses_the_parents_sqlite_connections(sqlite_db: Targe
         engine.dispose()
 
 
+def test_a_forked_child_listens_while_a_parent_thread_was_starting_the_watcher(
+    sqlite_db: Target, qname: str
+) -> None:
+    """A thread of the parent was starting the store's SQLite watcher at fork time (it
+    connects and reads under the store's hub lock: here its connection waits at a gate).
+    That thread does not exist in the child, so the lock stayed held there for good: the
+    child's first listen() (and a worker's wake-up watch, and close()) waited forever."""
+    engine = sa.create_engine(sqlite_db.url, poolclass=NullPool)  # every checkout connects
+    parent = os.getpid()
+    connecting, gate = threading.Event(), threading.Event()
+    armed = False
+
+    @event.listens_for(engine, "do_connect")
+    def held_at_the_gate(*_: Any) -> None:
+        if armed and os.getpid() == parent:
+            connecting.set()
+            gate.wait()
+
+    store = alk.Store(engine, schema=sqlite_db.schema)
+    starting = threading.Thread(target=lambda: store.listen(qname).close())
+    try:
+        store.queue(qname).stats()  # the schema checked: the next connection is the watcher's
+        armed = True
+        starting.start()
+        assert connecting.wait(30), "the parent's thread never began starting the watcher"
+
+        def child() -> dict[str, Any]:
+            got: list[Any] = []
+            done = threading.Event()
+
+            def listen() -> None:
+                with store.listen(qname) as sub:
+                    store.notify(qname, "in the child")
+                    got.append(sub.get(timeout=30))
+                done.set()
+
+            threading.Thread(target=listen, daemon=True).start()
+            # a hang fails here (the child exits and its thread with it), never a speed claim
+            return {"listened": done.wait(30), "payload": got[0].payload if got and got[0] else None}
+
+        result = _in_child(child)
+        assert result == {"listened": True, "payload": "in the child"}
+    finally:
+        gate.set()
+        if starting.is_alive():
+            starting.join(30)
+        store.close()
+        engine.dispose()
+
+
 # -- prepared statements: only on a direct connection --------------------------------------
 
 
