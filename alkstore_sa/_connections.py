@@ -31,7 +31,9 @@ the measurements). So the cache is the pool's *extension*, never a way around it
   connections and gives each engine with an open store a fresh pool — SQLAlchemy's own
   recipe, ``engine.dispose(close=False)``. The parent's connections and pool stay referenced
   in the child, never closed: closing a SQLite connection opened by the parent can delete
-  data under the parent, and a PostgreSQL one would end the parent's session.
+  data under the parent, and a PostgreSQL one would end the parent's session. Before a
+  fork, the parent closes its idle SQLite connections (``close_idle_sqlite_before_fork``
+  says why: SQLite's per-process lock bookkeeping is copied by fork).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool, QueuePool
 
 from ._backends import Backend
+from ._sqlite import _SHARING_POOLS
 from .errors import StoreClosed
 
 # What a forked child inherited and must never close or use: referenced until it exits.
@@ -274,6 +277,28 @@ class ConnectionCache:
         for engine in (self._engine, *self._also_forked):
             _fresh_pool(engine, pid)
 
+    def close_idle_sqlite_before_fork(self) -> None:
+        """(In the parent, about to fork.) Close the idle connections of the SQLite engines
+        this store serves: its kept ones and those its engines' pools hold.
+
+        SQLite keeps its lock bookkeeping per process (which connection of the process holds
+        which of the file's locks), and a fork copies it. A child whose parent had a
+        connection open to the file believes its own new connections already hold the
+        file's shared locks, so they never take them: when the parent later closed its last
+        connection (``store.close()``, ``engine.dispose()``, the parent exiting), SQLite saw
+        no other process on the file, checkpointed and deleted the WAL, and the child's
+        later commits went to the deleted file — lost. Connections in use at the fork
+        (another thread's operation, the watcher of a running subscription or worker) cannot
+        be closed here: docs/connections.md says what that leaves."""
+        if self.backend.name != "sqlite" or self._closed or self._pid != os.getpid():
+            return
+        self.return_idle()
+        for engine in (self._engine, *self._also_forked):
+            # only where idle means idle: a sharing pool's one connection may be carrying
+            # the application's transaction, and an async engine's cannot be closed here
+            if not engine.dialect.is_async and not isinstance(engine.pool, _SHARING_POOLS):
+                engine.dispose()  # idle connections closed; those in use go back to the old pool
+
     def fresh_pool_at_fork(self, engine: Engine) -> None:
         """Give ``engine`` too a pool of the child's own in a forked child: an application
         engine the store serves but does not run on (psycopg2, an AsyncEngine, any engine
@@ -289,6 +314,12 @@ def _fresh_pool(engine: Engine, pid: int) -> None:
         orphan(engine.pool)
         engine.dispose(close=False)  # no I/O: an AsyncEngine's facade is reset the same way
         _pool_owner[engine] = pid
+
+
+def _before_fork() -> None:
+    for cache in list(_caches):
+        with contextlib.suppress(Exception):  # never keeps the fork from happening
+            cache.close_idle_sqlite_before_fork()
 
 
 def _after_fork_in_child() -> None:
@@ -315,5 +346,5 @@ def _return_idle_at_exit() -> None:
         cache.return_idle()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 atexit.register(_return_idle_at_exit)

@@ -629,6 +629,55 @@ def test_forked_child_never_uses_the_parents_sqlite_connections(sqlite_db: Targe
         engine.dispose()
 
 
+def test_a_parent_closing_its_sqlite_connections_after_a_fork_loses_none_of_the_childs_commits(
+    sqlite_db: Target, qname: str
+) -> None:
+    """SQLite keeps its lock bookkeeping per process, and a fork copies it: a child whose
+    parent had connections open to the file at the fork believes its own new connections
+    already hold the file's shared locks and never takes them. When the parent then closed
+    its last connection (store.close(), engine.dispose(), the parent exiting), SQLite saw no
+    other process on the file, checkpointed and deleted the WAL under the child, and every
+    commit the child made from then on went to the deleted file: reported as done, visible
+    to the child, lost for everyone else. The store now closes its idle SQLite connections
+    before a fork, so a parent that is not using the file at that moment passes nothing on."""
+    engine = sa.create_engine(sqlite_db.url)
+    store = alk.Store(engine, schema=sqlite_db.schema)
+    q = store.queue(qname)
+    q.enqueue("parent")  # the parent's connections are open (and kept) at the fork
+    to_child, from_parent = os.pipe()
+    from_child, to_parent = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            q.enqueue("child-early")  # the child's own connections open, parent alive
+            os.write(to_parent, b"1")
+            os.read(to_child, 1)  # the parent has closed every connection it had
+            for i in range(5):
+                q.enqueue(f"child-{i}")
+            code = 0
+        finally:
+            os.write(to_parent, b"2")
+            os._exit(code)
+    try:
+        assert os.read(from_child, 1) == b"1"
+        store.close()
+        engine.dispose()  # the parent is done with the file
+        os.write(from_parent, b"x")
+        assert os.read(from_child, 1) == b"2"
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        payloads = sqlite_db.scalar(f"SELECT group_concat(payload, ' ') FROM {sqlite_db.table('alkstore_jobs')}")
+        assert sorted(str(payloads).split(" ")) == sorted(
+            ['"parent"', '"child-early"', *[f'"child-{i}"' for i in range(5)]]
+        )
+    finally:
+        for fd in (to_child, from_parent, from_child, to_parent):
+            os.close(fd)
+        store.close()
+        engine.dispose()
+
+
 def test_a_forked_child_listens_while_a_parent_thread_was_starting_the_watcher(
     sqlite_db: Target, qname: str
 ) -> None:
