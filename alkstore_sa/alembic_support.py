@@ -23,7 +23,7 @@ For the application's ``env.py``:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import sqlalchemy as sa
@@ -181,11 +181,18 @@ def _all_or_nothing() -> Iterator[None]:
 
     Offline (``--sql``) the SAVEPOINT and RELEASE are written into the script, so a runner
     that stops at the first error (``sqlite3 -bail``, ``executescript``) applies nothing of
-    it. PostgreSQL's DDL is transactional in Alembic's own transaction: nothing to add.
+    it. PostgreSQL's DDL is transactional in Alembic's own transaction: nothing to add —
+    unless the env's connection runs in autocommit (an application engine made with
+    ``isolation_level="AUTOCOMMIT"``), where Alembic's transaction is none (see
+    :func:`_own_transaction`).
     """
     context = op.get_context()
     if context.dialect.name != "sqlite":
-        yield
+        if not context.as_sql and _autocommit(op.get_bind()):
+            with _own_transaction(op.get_bind()):
+                yield
+        else:
+            yield
     elif context.as_sql:
         op.execute(f"SAVEPOINT {_SAVEPOINT}")
         yield
@@ -203,6 +210,33 @@ def _all_or_nothing() -> Iterator[None]:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
         with connection.begin_nested():
             yield
+
+
+def _autocommit(connection: Connection) -> bool:
+    """Whether the driver connection commits every statement on its own (psycopg, psycopg2,
+    pg8000 and SQLAlchemy's asyncpg adapter all say so with ``autocommit``)."""
+    return getattr(connection.connection.dbapi_connection, "autocommit", False) is True
+
+
+@contextmanager
+def _own_transaction(connection: Connection) -> Iterator[None]:
+    """PostgreSQL in autocommit: the steps and their version record in one transaction of
+    their own, BEGIN and COMMIT sent as statements (the driver's autocommit stays as the app
+    set it). Under autocommit each CREATE TABLE committed on its own, so a revision failing
+    part-way left the earlier steps behind with no version recorded, and every later run
+    refused them as tables "made outside alkstore's migrations"; and the install lock
+    (a transaction-scoped advisory lock) ended with the statement that took it, so
+    ``alkstore migrate`` could run between the version read and the steps. The app's own
+    ``alembic_version`` is written after this commits, as autocommit writes it anyway; a
+    crash in between leaves the revision to run again, which finds its steps recorded."""
+    connection.exec_driver_sql("BEGIN")
+    try:
+        yield
+    except BaseException:
+        with suppress(sa.exc.DBAPIError):  # a lost connection: the server rolled it back
+            connection.exec_driver_sql("ROLLBACK")
+        raise
+    connection.exec_driver_sql("COMMIT")
 
 
 def _recorded(schema: str | None) -> tuple[str | None, int] | None:

@@ -44,7 +44,8 @@ orders = sa.Table(
 # filter so a test can show what it protects against. APP_CONFIGURE (JSON) adds keywords to
 # context.configure (transactional_ddl, transaction_per_migration), APP_SQLITE_BEGIN=on
 # takes SQLAlchemy's pysqlite recipe (the driver's own transaction handling off, BEGIN in a
-# `begin` event): the transaction settings an app's env.py may have.
+# `begin` event), APP_ENGINE (JSON) adds keywords to create_engine (isolation_level):
+# the transaction settings an app's env.py may have.
 ENV = """\
 import json
 import os
@@ -64,7 +65,7 @@ if context.is_offline_mode():
     with context.begin_transaction():
         context.run_migrations()
 else:
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(url, **json.loads(os.environ.get("APP_ENGINE", "{}")))
     if os.environ.get("APP_SQLITE_BEGIN") == "on":
         @sa.event.listens_for(engine, "connect")
         def _no_driver_transactions(dbapi_connection, record):

@@ -278,6 +278,55 @@ def test_chain_revision_is_all_or_nothing_on_sqlite(env_vars: dict[str, str], tm
     engine.dispose()
 
 
+def test_chain_revision_is_all_or_nothing_under_an_autocommit_env_on_postgresql(tmp_path: Path) -> None:
+    """An env.py whose engine runs PostgreSQL in autocommit (``isolation_level="AUTOCOMMIT"``,
+    an application engine reused for migrations): Alembic's transaction is then no
+    transaction, and a generated revision failing part-way left steps 1 and 2 committed with
+    no version recorded, after which every `alembic upgrade head` refused the tables as "made
+    outside alkstore's migrations (`metadata.create_all()` ...)" (and the install lock ended
+    with each statement). The steps and their record now run in a transaction of their own
+    there: nothing of a failed run stays, the next run installs everything. Its downgrade
+    likewise."""
+    require_pg()
+    autocommit = {"APP_ENGINE": '{"isolation_level": "AUTOCOMMIT"}'}
+    with fresh_pg_database("alkautocommit") as url:
+        app = write_app(tmp_path, url, "postgresql")
+        _ok(app.alembic("upgrade", "head", env_vars=autocommit))  # the app's own revision
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:  # a table in the way of step 3: a stand-in for a crash
+            conn.exec_driver_sql("CREATE SCHEMA alkstore")
+            conn.exec_driver_sql("CREATE TABLE alkstore.alkstore_workers (x integer)")
+        app.generate()
+
+        failed = app.alembic("upgrade", "head", env_vars=autocommit)
+        assert failed.returncode != 0 and "alkstore_workers" in failed.stdout + failed.stderr
+        assert app.tables("alkstore") == {"alkstore_workers"}  # only the conflict itself
+        with engine.connect() as conn:
+            assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == APP_REVISION
+
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE alkstore.alkstore_workers")
+        _ok(app.alembic("upgrade", "head", env_vars=autocommit))
+        assert app.tables("alkstore") >= ALKSTORE_TABLES
+        assert _recorded(app, "alkstore") == migrations.head_revision()
+        with alk.Store(engine) as store:
+            store.check_schema()
+            job_id = store.queue("atomic").enqueue({"n": 1}, unique_key="k")
+            assert store.queue("atomic").enqueue({"n": 2}, unique_key="k") == job_id
+
+        with engine.begin() as conn:  # step 3's downgrade will fail at its last statement
+            conn.exec_driver_sql("DROP TABLE alkstore.alkstore_workers")
+        failed = app.alembic("downgrade", APP_REVISION, env_vars=autocommit)
+        assert failed.returncode != 0 and "alkstore_workers" in failed.stdout + failed.stderr
+        assert app.tables("alkstore") >= ALKSTORE_TABLES - {"alkstore_workers"}  # the version table too
+        assert _recorded(app, "alkstore") == migrations.head_revision()
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE alkstore.alkstore_workers (x integer)")
+        _ok(app.alembic("downgrade", APP_REVISION, env_vars=autocommit))
+        assert not ALKSTORE_TABLES & app.tables("alkstore")
+        engine.dispose()
+
+
 WRITER = """\
 import pathlib, sqlite3, sys, time
 db, stop = sys.argv[1], pathlib.Path(sys.argv[2])
