@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -506,6 +507,34 @@ def test_postgres_url_forms_work(pg_db: Target, tmp_path: Path, scheme: str, que
 def test_unreachable_server_is_one_line_exit_1(tmp_path: Path, argv: list[str]) -> None:
     line = one_line_failure(alkstore(*argv, "--url", UNREACHABLE, cwd=tmp_path), 1)
     assert "127.0.0.1" in line and "--url" in line, line
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port where connections are accepted by the kernel and never answered: a server
+    that hangs, or a firewall that drops packets, as libpq's connect_timeout sees it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("where", ["timeout", "no-such-host"])
+def test_a_database_that_cannot_be_reached_in_other_ways_is_said_so(
+    tmp_path: Path, silent_port: int, where: str
+) -> None:
+    """A connect that timed out (``?connect_timeout=``, which the docs recommend) or a host
+    name that does not resolve is the database being unreachable, said with the URL and
+    what to check, like a refused connection — was ``database error: ConnectionTimeout:
+    connection timeout expired`` (and ``failed to resolve host …``), naming neither."""
+    url = {
+        "timeout": f"postgresql://postgres@127.0.0.1:{silent_port}/test?connect_timeout=1",
+        "no-such-host": "postgresql://postgres@no-such-host.invalid/test",
+    }[where]
+    for argv in (["status"], ["dead", "show", "1"]):
+        line = one_line_failure(alkstore(*argv, "--url", url, cwd=tmp_path), 1)
+        assert line.startswith("alkstore: cannot connect to the database postgresql://"), line
+        assert "check --url" in line, line
 
 
 @pytest.fixture
