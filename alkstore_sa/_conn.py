@@ -434,8 +434,11 @@ class Lease:
         assert held is not None
         return self._cache.backend.storable_text(held.dbapi, text)
 
-    def transaction(self) -> _LeaseTransaction:
-        return _LeaseTransaction(self)
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        """A write transaction of its own, or, inside one already, that one: an operation
+        that opens one (an enqueue with an expiry on SQLite) also runs inside another's
+        (a scheduler's fire)."""
+        return contextlib.nullcontext() if self._in_tx else _LeaseTransaction(self)
 
     def driver_connection(self) -> Any:
         """The leased driver connection, for a backend that drives it itself (PostgreSQL's

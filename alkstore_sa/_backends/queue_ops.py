@@ -194,8 +194,10 @@ class QueueOps(Core):
         tracer = _tracing.tracer
         if tracer is not None and "trace_context" not in params:
             # alkstore_sa.tracing: a PRODUCER span around the insert, which stores the span's
-            # context (the tracer always passes ``trace_context``, so this runs once)
-            return tracer.send(params["queue"], params, lambda traced: self.enqueue(ex, traced))
+            # context (the tracer always passes ``trace_context``, so this runs once). This
+            # method, not ``self.enqueue``: a backend's own enqueue around it (SQLite's, which
+            # counts the expiry from the write lock) has already run.
+            return tracer.send(params["queue"], params, lambda traced: QueueOps.enqueue(self, ex, traced))
         if "unique_key" in params:
             return self.enqueue_unique(ex, params)[0]
         # A traced enqueue (alkstore_sa.tracing) also stores ``:trace_context``; an untraced

@@ -406,6 +406,23 @@ class SQLiteBackend(Backend):
             return params
         return {**params, key: params[key] + (now - params["now"])}
 
+    # A job's expiry is a deadline too: ``expires`` counts from when the write lock is held,
+    # or a job whose enqueue waited longer than it would be written already expired, never
+    # claimable. (Its created_at and a delay's run_at keep the call's reading: an earlier
+    # ready time loses nothing.) Only an enqueue with an expiry takes the lock up front.
+
+    def enqueue(self, ex: Executor, params: Mapping[str, Any]) -> int:
+        if params.get("expires") is None:
+            return super().enqueue(ex, params)
+        with ex.transaction():
+            return super().enqueue(ex, self._extended(ex, params, "expires"))
+
+    def enqueue_many(self, ex: Executor, params: Mapping[str, Any], payloads: list[str]) -> list[int]:
+        if params.get("expires") is None:
+            return super().enqueue_many(ex, params, payloads)
+        with ex.transaction():
+            return super().enqueue_many(ex, self._extended(ex, params, "expires"), payloads)
+
     def heartbeat(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         with ex.transaction():
             return super().heartbeat(ex, self._extended(ex, params, "extend"))

@@ -6,7 +6,9 @@ import does. A claim, heartbeat or lock lease must count its deadline from when 
 is held, not from the clock reading taken before the wait: a claim whose deadline passed
 while it waited arrives dead, is handed out again at once, and the job runs twice at the
 same time (SPEC §5.3: the claim deadline is ``now + visibility_timeout``; §5.4: a
-heartbeat's new deadline is ``now + extend``; §8 likewise for a lease).
+heartbeat's new deadline is ``now + extend``; §8 likewise for a lease). A job's expiry is
+such a deadline too (§5.2: ``expires`` is relative, and an expired job is never claimed): an
+enqueue that waited longer than it wrote a job already expired.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 import pytest
 
 import alkstore_sa as alk
+from alkstore_sa import tracing
 from alkstore_sa.queue import claim_turns
 from tests.support import WAIT, Target
 
@@ -107,3 +110,47 @@ def test_a_lock_lease_that_waited_for_the_lock_counts_from_when_it_lands(store: 
         assert lock.renew("a", SHORT) is True
     holder = lock.holder()
     assert holder is not None and holder.owner == "a" and _left(holder.expires_at) > SHORT / 2
+
+
+def _enqueued(q: alk.Queue, form: str) -> list[int]:
+    """Two jobs expiring SHORT after their enqueue, written by ``form``."""
+    if form == "many":
+        return q.enqueue_many([{"n": 1}, {"n": 2}], expires=SHORT)
+    if form == "unique":
+        return [q.enqueue({"n": n}, expires=SHORT, unique_key=f"k{n}") for n in (1, 2)]
+    return [q.enqueue({"n": n}, expires=SHORT) for n in (1, 2)]
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
+@pytest.mark.parametrize("form", ["enqueue", "unique", "many"])
+def test_an_enqueue_that_waited_for_the_lock_counts_its_expiry_from_when_it_lands(
+    store: alk.Store, qname: str, form: str, traced: bool
+) -> None:
+    q = store.queue(qname)
+    if traced:
+        tracing.instrument()
+    try:
+        with app_writing(store):
+            ids = _enqueued(q, form)
+    finally:
+        tracing.uninstrument()
+    for job_id in ids:
+        job = store.get_job(job_id)
+        assert job is not None and job.state == "pending"
+        assert _left(job.expires_at) > SHORT / 2, "the job was written (nearly) expired"
+    assert sorted(h.id for h in q.claim_batch("w1", 2)) == sorted(ids)
+
+
+def test_a_schedule_fire_with_an_expiry_lands_inside_its_own_transaction(store: alk.Store, qname: str) -> None:
+    """A fire enqueues inside the transaction that advances the schedule: the enqueue joins
+    it (its clock reading already comes from inside the lock)."""
+    store.schedule("s", "@every 1s", qname, {"n": 1}, expires=60)
+    q = store.queue(qname)
+    deadline = time.monotonic() + WAIT
+    while not store.schedules()[0].next_fire_at.timestamp() <= time.time():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with app_writing(store):
+        assert store._scheduler().tick() >= 1
+    (h,) = q.claim_batch("w1", 1)
+    assert 30 < _left(h.job.expires_at) <= 60 + HOLD
