@@ -423,6 +423,12 @@ class SQLiteBackend(Backend):
         with ex.transaction():
             return super().enqueue_many(ex, self._extended(ex, params, "expires"), payloads)
 
+    def worker_refresh(self, ex: Executor, params: Mapping[str, Any]) -> None:
+        # the row's lapse counts from when the lock is held: a refresh that waited longer
+        # than three intervals wrote a running worker's row already lapsed (not listed)
+        with ex.transaction():
+            super().worker_refresh(ex, self._at_lock(ex, params))
+
     def heartbeat(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         with ex.transaction():
             return super().heartbeat(ex, self._extended(ex, params, "extend"))

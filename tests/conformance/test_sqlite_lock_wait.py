@@ -24,6 +24,7 @@ import pytest
 import alkstore_sa as alk
 from alkstore_sa import tracing
 from alkstore_sa.queue import claim_turns
+from alkstore_sa.worker.registry import Registration
 from tests.support import WAIT, Target
 
 HOLD = 2.0  # seconds the application holds the write lock
@@ -154,3 +155,13 @@ def test_a_schedule_fire_with_an_expiry_lands_inside_its_own_transaction(store: 
         assert store._scheduler().tick() >= 1
     (h,) = q.claim_batch("w1", 1)
     assert 30 < _left(h.job.expires_at) <= 60 + HOLD
+
+
+def test_a_worker_registry_refresh_that_waited_for_the_lock_lists_the_worker(store: alk.Store) -> None:
+    """SPEC §15: a worker is gone only once it stopped refreshing for three intervals; one
+    whose refresh waited longer than that for the lock is still running."""
+    registration = Registration(store, "w1", ["q"], 1, SHORT / 3)  # a row lapses SHORT after its refresh
+    with app_writing(store):
+        registration._refresh()
+    (listed,) = store.workers()
+    assert listed.id == "w1" and _left(listed.last_seen) > -SHORT / 2
