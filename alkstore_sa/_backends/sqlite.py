@@ -431,7 +431,36 @@ class SQLiteBackend(Backend):
 
     def heartbeat(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         with ex.transaction():
-            return super().heartbeat(ex, self._extended(ex, params, "extend"))
+            at = ex.now()
+            if at is None or at <= params["now"]:
+                return super().heartbeat(ex, params)
+            # It waited for the lock. Its refusal test keeps the call's time, but a claim
+            # that lapsed meanwhile was no live claim to the claims that ran in between: one
+            # of them may have given its place under the queue's concurrency limit (SPEC
+            # §14) to another job. Such a claim is extended only while the limit has room
+            # for it beside the claims live now.
+            waited = {**params, "extend": params["extend"] + (at - params["now"]), "at": at}
+            return ex.rowcount(self.sql("heartbeat:waited", self._heartbeat_waited), waited) == 1
+
+    def _heartbeat_waited(self) -> sa.Update:
+        """The heartbeat of a claim whose write waited for the lock until ``:at``: as the
+        heartbeat, and a claim lapsed by ``:at`` only while its queue's concurrency limit
+        (if any) is not full of the claims live at ``:at``."""
+        at = bp("at", sa.Double)
+        live = jobs.alias("l")
+        s = queue_settings.alias("s")
+        held = (
+            sa.select(sa.func.count())
+            .select_from(live)
+            .where(live.c.queue == s.c.queue, live.c.state == PROCESSING, live.c.claim_expires_at > at)
+            .scalar_subquery()
+        )
+        full = sa.select(ONE).where(s.c.queue == jobs.c.queue, s.c.concurrency <= held).exists()
+        return (
+            sa.update(jobs)
+            .where(self.this_claim(), sa.or_(jobs.c.claim_expires_at > at, ~full))
+            .values(claim_expires_at=self.now() + sa.cast(bp("extend", sa.Double), sa.Double))
+        )
 
     def lock_acquire(self, ex: Executor, params: Mapping[str, Any]) -> bool:
         with ex.transaction():

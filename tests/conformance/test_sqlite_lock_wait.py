@@ -25,7 +25,7 @@ import alkstore_sa as alk
 from alkstore_sa import tracing
 from alkstore_sa.queue import claim_turns
 from alkstore_sa.worker.registry import Registration
-from tests.support import WAIT, Target
+from tests.support import WAIT, FakeClock, Target
 
 HOLD = 2.0  # seconds the application holds the write lock
 SHORT = 1.0  # a visibility timeout / ttl the wait outlasts
@@ -165,3 +165,100 @@ def test_a_worker_registry_refresh_that_waited_for_the_lock_lists_the_worker(sto
         registration._refresh()
     (listed,) = store.workers()
     assert listed.id == "w1" and _left(listed.last_seen) > -SHORT / 2
+
+
+class _GatedClock:
+    """A FakeClock reading that, once armed, holds its caller at the ``skip``-th call after
+    arming (``inside`` is set) until ``go`` — a store's claim held while it has the write
+    lock (the claim reads the clock again once BEGIN IMMEDIATE took it)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.armed = 0  # calls left before the one that is held (0: not armed)
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def arm(self, skip: int) -> None:
+        self.armed = skip + 1
+
+    def __call__(self) -> float:
+        if self.armed:
+            self.armed -= 1
+            if not self.armed:
+                self.inside.set()
+                assert self.go.wait(WAIT)
+        return self.clock()
+
+
+class _SeenClock:
+    """A FakeClock reading that says when it was read (``read``)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.read = threading.Event()
+
+    def __call__(self) -> float:
+        now = self.clock()
+        self.read.set()
+        return now
+
+
+def _write_locked(path: str) -> bool:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        conn.close()
+    return False
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_heartbeat_that_waited_past_its_lease_never_lifts_the_concurrency_limit(
+    sqlite_db: Target, qname: str, limit: int
+) -> None:
+    """SPEC §14: at most N jobs of a queue hold a live claim at any moment. A heartbeat sent
+    while its claim was live, whose write waited for the lock past the claim's deadline
+    while a limited claim of the queue counted that claim as lapsed and gave its place to
+    another job, must not make the lapsed claim live again beside that job (limit 1); with
+    room left beside that job it is extended, as any heartbeat that waited (limit 2)."""
+    clock = FakeClock()
+    seen, gated = _SeenClock(clock), _GatedClock(clock)
+    worker, other = sqlite_db.store(clock=seen), sqlite_db.store(clock=gated)
+    try:
+        q = worker.queue(qname, visibility_timeout=10)
+        other.queue(qname).set_concurrency(limit)
+        q.enqueue("x", priority=0)
+        x = q.claim_one("w1")  # deadline: t + 10
+        assert x is not None
+        q.enqueue("y", priority=5)
+        clock.advance(5)
+        results: dict[str, object] = {}
+        # the other process's claim takes the write lock and holds it at its clock reading
+        gated.arm(skip=1)  # claim_batch's own reading first, then the one under the lock
+        claimer = threading.Thread(target=lambda: results.update(claimed=other.queue(qname).claim_one("w2")))
+        claimer.start()
+        assert gated.inside.wait(WAIT)
+        assert _write_locked(str(sqlite_db.engine.url.database))
+        # the worker heartbeats x while its claim is live (t + 5); the write waits for the lock
+        seen.read.clear()
+        beater = threading.Thread(target=lambda: results.update(beat=x.heartbeat(30)))
+        beater.start()
+        assert seen.read.wait(WAIT)
+        clock.advance(6)  # t + 11: x's claim lapses before either write lands
+        gated.go.set()  # the claim reads t + 11: x is no longer live, so y may run
+        claimer.join(WAIT)
+        beater.join(WAIT)
+        assert not claimer.is_alive() and not beater.is_alive()
+        claimed = results["claimed"]
+        assert claimed is not None and claimed.payload == "y"  # type: ignore[attr-defined]
+        live = sqlite_db.scalar(
+            f"SELECT count(*) FROM {sqlite_db.table('alkstore_jobs')} "
+            "WHERE queue = :q AND state = 'processing' AND claim_expires_at > :now",
+            q=qname, now=clock.now,
+        )
+        assert results["beat"] is (limit == 2)
+        assert live == limit, f"{live} live claims under a concurrency limit of {limit}"
+    finally:
+        worker.close()
+        other.close()
