@@ -2,7 +2,9 @@
 ``tests.concurrency.harness``. Each builds its OWN store from the spec's URL and schema.
 
 - ``limited_worker`` runs an ``alk.Worker`` until the parent creates ``marks/STOP``; its
-  handler leaves one file per job attempt (claim time, handler start and end, process).
+  handler leaves one file per job attempt (claim time, handler start and end, process);
+  the first attempt of the job whose payload is ``spec["hold"]`` instead leaves
+  ``marks/held-<pid>`` and runs until the end (the parent kills that process).
 - ``live_sampler`` reads the queue's live claims from the database in a loop until
   ``marks/STOP`` and reports the largest count it saw.
 """
@@ -63,6 +65,12 @@ def limited_worker(spec: dict[str, Any]) -> dict[str, Any]:
     try:
 
         def handler(job: alk.Job) -> None:
+            if "hold" in spec and job.payload == spec["hold"] and job.attempts == 1:
+                # the job this process is killed holding: say so, then run until the end
+                (marks / f"held-{os.getpid()}").touch()
+                while not (marks / "STOP").exists():
+                    time.sleep(0.02)
+                return
             start = time.time()
             time.sleep(spec.get("job_seconds", 0.0))
             assert job.claimed_at is not None

@@ -6,6 +6,9 @@ so they hold for every worker process at once.
   handlers' own run intervals overlap more than 3 deep), and every job finishes.
 - Rate limit 20 per 2 s, four processes draining 200 jobs: no 2 s window of the recorded
   claim times holds more than 20, and the drain is not far slower than the limit allows.
+- Concurrency limit 2 across a worker killed with SIGKILL while it runs a job: its claim
+  holds its place until it lapses, then another process reclaims it (attempt 2); the live
+  claims never exceed 2 and every job finishes.
 - Pause: four worker processes hand out nothing while the queue is paused (enqueues wake
   them, their claims refuse), and a resume wakes them promptly — their re-poll is an
   hour, so only the wake can deliver.
@@ -16,6 +19,8 @@ benchmark's: `python -m benchmarks --only limited_concurrency,limited_rate`)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -159,3 +164,51 @@ def test_pause_holds_across_processes_and_resume_wakes_them(db: Target, qname: s
         store.close()
     assert sum(r["processed"] for r in results) == 28
     assert {p.name.split("-")[0] for p in marks.glob("*-1.json")} >= {str(i) for i in ids}
+
+
+def test_concurrency_limit_holds_across_a_killed_worker_and_its_reclaim(
+    db: Target, qname: str, tmp_path: Path
+) -> None:
+    """A worker process is SIGKILLed while running a job of a queue limited to 2: its claim
+    keeps its place until it lapses (no heartbeats), another process then reclaims the job
+    as attempt 2, and the other jobs keep running through the other place; the database
+    never shows more than 2 live claims, and every job finishes."""
+    store = db.store()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    try:
+        q = store.queue(qname, visibility_timeout=1.0, max_attempts=5)
+        q.set_concurrency(2)
+        held = q.enqueue("held", priority=10)  # claimed first, by one of the workers
+        ids = [held, *q.enqueue_many(list(range(16)))]
+        ready = {"ready_dir": workers_mod.ready_dir(tmp_path), "parties": 4}
+        sampler = harness.start(limit_workers.live_sampler, [_spec(db, qname, marks, **ready)], tmp_path)
+        workers = harness.start(
+            limit_workers.limited_worker,
+            [_spec(db, qname, marks, concurrency=4, poll_interval=0.3, job_seconds=0.1, hold="held", **ready)
+             for _ in range(3)],
+            tmp_path,
+        )
+        [flag] = wait_for(lambda: list(marks.glob("held-*")), "a worker to run the held job", timeout=STARTUP)
+        pid = int(flag.name.split("-")[1])
+        victim = next(p for p in workers.procs if p.pid == pid)
+        os.kill(pid, signal.SIGKILL)
+        victim.join(10)
+        assert victim.exitcode == -signal.SIGKILL
+        wait_for(lambda: len({m.name.split("-")[0] for m in marks.glob("*-*.json")}) >= len(ids),
+                 "every job to finish, the held one reclaimed", timeout=60)
+        wait_for(lambda: q.stats().processing == 0, "the last ack")
+        (marks / "STOP").touch()
+        survivors = [p for p in workers.procs if p is not victim]
+        harness.join_all(survivors + sampler.procs, 60)
+        harness.collect(survivors, [o for p, o in zip(workers.procs, workers.outs, strict=True) if p is not victim])
+        [sampled] = harness.collect(sampler.procs, sampler.outs)
+        assert (q.stats().pending, q.get_job(held)) == (0, None)  # the held job acked by its reclaim
+    finally:
+        store.close()
+    # (the killed process's own runs count too: it may have finished others before the kill)
+    assert {int(m.name.split("-")[0]) for m in marks.glob("*-*.json")} == set(ids)
+    again = json.loads((marks / f"{held}-2.json").read_text())
+    assert again["pid"] != pid, "the held job's second attempt ran in the killed process"
+    assert sampled["samples"] > 50, f"the sampler hardly sampled: {sampled}"
+    assert 1 <= sampled["max_live"] <= 2, f"live claims exceeded the limit: {sampled}"
