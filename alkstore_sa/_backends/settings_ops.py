@@ -163,17 +163,19 @@ class SettingsOps(Core):
             view = self.limit_view(ex, params)
             if view is None:
                 return None
+            # The claim runs even when the limits leave no room (n = 0): its first step, the
+            # exhausted reclaims moving to dead (SPEC §5.3), is every claim's, so a job whose
+            # last claim lapsed while the queue was paused or full does not stay live
+            # (holding its unique key) until the limits let a job through. The view's clock
+            # reading is the claim's: claimed_at, the deadline and the rate log all say the
+            # same instant.
             room = view.room(int(params["n"]))
-            rows: list[tuple[Any, ...]] = []
-            if room > 0:
-                # the view's clock reading is the claim's: claimed_at, the deadline and the
-                # rate log all say the same instant
-                rows = self.claim_unguarded(ex, {**params, "n": room, "now": view.now})
-                if rows and view.rate_limit is not None:
-                    self.log_claims(ex, {
-                        "queue": params["queue"], "now": view.log_time, "per": view.rate_per,
-                        "jobs": len(rows), "total": view.log_total + len(rows),
-                    })
+            rows = self.claim_unguarded(ex, {**params, "n": room, "now": view.now})
+            if rows and view.rate_limit is not None:
+                self.log_claims(ex, {
+                    "queue": params["queue"], "now": view.log_time, "per": view.rate_per,
+                    "jobs": len(rows), "total": view.log_total + len(rows),
+                })
         return rows
 
     def log_claims(self, ex: Executor, params: Mapping[str, Any]) -> None:

@@ -188,6 +188,40 @@ def test_pause_hands_out_nothing_and_enqueues_still_land(store: alk.Store, clock
     assert sorted(x.payload for x in claimed) == [2, 3, 4, 5, 6]
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["this-store", "another-store"])
+@pytest.mark.parametrize("held_by", ["pause", "concurrency", "rate"])
+def test_a_claim_held_back_by_its_limits_still_moves_exhausted_reclaims_to_dead(
+    db: Target, store: alk.Store, clock: FakeClock, qname: str, held_by: str, fresh: bool
+) -> None:
+    """SPEC §5.3: before claiming, reclaimable rows that used every attempt move to dead, in
+    the claim's transaction. That holds when the queue's settings leave no room to hand out
+    anything too: a job whose last claim lapsed while its queue was paused (or its limits
+    full) is dead after the next claim, and its unique key free, on both engines, whether
+    the claiming store knew the queue had settings or not (SQLite buried it only then)."""
+    q = store.queue(qname, visibility_timeout=10, max_attempts=1)
+    doomed = q.enqueue("doomed", priority=1, unique_key="k")
+    assert q.claim_one("w") is not None  # its one attempt
+    store.queue(qname, visibility_timeout=1000).enqueue("other")
+    if held_by == "pause":
+        q.pause()
+    elif held_by == "concurrency":
+        assert q.claim_one("w") is not None  # "other", live for 1000 s
+        q.set_concurrency(1)
+    else:
+        q.set_rate_limit(1, per=3600)
+        assert q.claim_one("w") is not None  # "other": the window is full
+    clock.advance(11)  # the doomed claim lapsed: reclaimable, with no attempt left
+    claimer = db.store(clock=clock) if fresh else store
+    try:
+        assert claimer.queue(qname).claim_batch("w2", 5) == []
+    finally:
+        if fresh:
+            claimer.close()
+    job = q.get_job(doomed)
+    assert job is not None and (job.state, job.last_error) == ("dead", "max attempts exceeded")
+    assert q.enqueue("again", unique_key="k") != doomed  # the key is free
+
+
 def test_pause_set_by_another_store_stops_this_stores_claims(db: Target, store: alk.Store, qname: str) -> None:
     """The store that claims does not know the queue was paused elsewhere (its claims took
     the fast path until now): the claim itself must refuse, and claim again after resume."""
