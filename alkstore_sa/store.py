@@ -406,6 +406,13 @@ class Store:
                 # a driver error, or none at all: the pool's TimeoutError when the application
                 # holds every connection of a bounded pool (SPEC §3: an AlkstoreError either way)
                 raise self.backend.translate_error(exc) from exc
+        if self._extra_engines and self._identity is None:
+            # what the first caller's-transaction call through those engines compares its
+            # database with (session_executor): read now, while no transaction of the caller
+            # holds a connection. Read there, it needs a second one at that moment, which a
+            # transaction pooler with every server connection held by such transactions
+            # never frees: a burst of first requests behind PgBouncer hung until they timed out
+            self._own_identity(fresh=False)
         self._schema_checked = True
 
     def executor(self, *, retry: bool = False) -> Lease:

@@ -22,8 +22,12 @@ from tests.support import PG_URL
 URL_ENV = "ALKSTORE_TEST_PGBOUNCER_URL"
 
 
-def write_config(directory: str, port: int, pg_url: str = PG_URL) -> str:
-    """Write pgbouncer.ini + userlist.txt into ``directory``; returns the ini's path."""
+def write_config(
+    directory: str, port: int, pg_url: str = PG_URL, *, pool_size: int = 20, query_wait_timeout: int = 120
+) -> str:
+    """Write pgbouncer.ini + userlist.txt into ``directory``; returns the ini's path.
+    ``pool_size``: server connections per database and user; ``query_wait_timeout``: seconds
+    a client's query may wait for one before PgBouncer fails it (its default, 120)."""
     pg = sa.make_url(pg_url)
     user = pg.username or "postgres"
     with open(os.path.join(directory, "userlist.txt"), "w") as f:
@@ -36,7 +40,8 @@ def write_config(directory: str, port: int, pg_url: str = PG_URL) -> str:
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {directory}/userlist.txt\n"
-            "pool_mode = transaction\nmax_client_conn = 500\ndefault_pool_size = 20\n"
+            "pool_mode = transaction\nmax_client_conn = 500\n"
+            f"default_pool_size = {pool_size}\nquery_wait_timeout = {query_wait_timeout}\n"
             f"logfile = {directory}/pgbouncer.log\npidfile = {directory}/pgbouncer.pid\n"
             f"admin_users = {user}\n"
         )
@@ -94,12 +99,17 @@ def start() -> Bouncer:
         if not answers(announced):
             raise RuntimeError(f"{URL_ENV}={announced} does not answer")
         return Bouncer(announced, None, None)
+    return start_private()
+
+
+def start_private(*, pool_size: int = 20, query_wait_timeout: int = 120) -> Bouncer:
+    """A PgBouncer of the caller's own (even under CI), configured as ``write_config`` says."""
     binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None)
     if binary is None:
         raise FileNotFoundError("pgbouncer is not installed (apt-get install pgbouncer)")
     directory = tempfile.mkdtemp(prefix="alkstore-pgbouncer-")
     port = _free_port()
-    ini = write_config(directory, port)
+    ini = write_config(directory, port, pool_size=pool_size, query_wait_timeout=query_wait_timeout)
     as_user = ["-u", "postgres"] if os.geteuid() == 0 else []  # pgbouncer refuses to run as root
     proc = subprocess.Popen([binary, *as_user, ini], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     bouncer = Bouncer(bouncer_url(port), proc, directory)

@@ -292,3 +292,62 @@ def test_asyncpg_set_up_as_documented_enqueues_through_transaction_pooling(
             alk.Store(in_url, schema=pg.schema)
     finally:
         asyncio.run(in_url.dispose())
+
+
+# A pooler with one server connection: a store-side read made while the caller's
+# transaction holds it can only wait, until PgBouncer fails it after this many seconds
+ONE_SERVER_WAIT = 20
+
+
+@pytest.fixture(scope="module")
+def one_server_bouncer(_pg_module_target: Target) -> Iterator[pgbouncer.Bouncer]:
+    try:
+        started = pgbouncer.start_private(pool_size=1, query_wait_timeout=ONE_SERVER_WAIT)
+    except (FileNotFoundError, RuntimeError) as exc:
+        if IN_CI:
+            pytest.fail(f"PgBouncer is required under CI: {exc}")
+        pytest.skip(str(exc))
+    yield started
+    started.stop()
+
+
+def test_first_enqueue_in_a_transaction_after_check_schema_needs_no_second_server_connection(
+    one_server_bouncer: pgbouncer.Bouncer, pg: Target
+) -> None:
+    """A FastAPI app on asyncpg (and a Flask one on psycopg2) behind a transaction pooler,
+    its store checked at startup as the docs' lifespan recipe does: a burst of first
+    requests, each holding a server connection in its transaction (the order flushed) when
+    it enqueued, hung until the app's pool timed out. The first caller's-transaction call
+    on an engine checked that it reaches the store's database by reading the store's side
+    on another connection, which PgBouncer could only give once a transaction ended. With
+    one server connection a single request showed it; ``check_schema()`` now reads the
+    store's side beforehand."""
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    async_url = sa.make_url(one_server_bouncer.url).set(drivername="postgresql+asyncpg")
+
+    async def app() -> int:
+        async_engine = create_async_engine(async_url, connect_args=ASYNCPG_SETTINGS)
+        store = alk.Store(async_engine, schema=pg.schema)
+        try:
+            await asyncio.to_thread(store.check_schema)  # the lifespan's startup check
+            async with AsyncSession(async_engine) as session, session.begin():
+                await session.execute(sa.text("SELECT 1"))  # the transaction holds the server connection
+                return await alk.aenqueue(session, "one-server", {"n": 1})
+        finally:
+            store.close()
+            await async_engine.dispose()
+
+    job_id = asyncio.run(app())
+
+    sync_engine = sa.create_engine(sa.make_url(one_server_bouncer.url).set(drivername="postgresql+psycopg2"))
+    store = alk.Store(sync_engine, schema=pg.schema)
+    try:
+        store.check_schema()
+        with sa.orm.Session(sync_engine) as session, session.begin():
+            session.execute(sa.text("SELECT 1"))
+            second = alk.enqueue(session, "one-server", {"n": 2})
+        assert [j.id for j in store.queue("one-server").claim_batch("w", 10)] == [job_id, second]
+    finally:
+        store.close()
+        sync_engine.dispose()
