@@ -148,6 +148,7 @@ class Store:
         from .migrations import upgrade
 
         upgrade(self.engine, schema=self.schema)
+        self._read_identity_ahead()
         self._schema_checked = True
         if self.backend.name == "sqlite":
             # install switched the file to WAL: connections opened before it kept the
@@ -406,14 +407,18 @@ class Store:
                 # a driver error, or none at all: the pool's TimeoutError when the application
                 # holds every connection of a bounded pool (SPEC §3: an AlkstoreError either way)
                 raise self.backend.translate_error(exc) from exc
-        if self._extra_engines and self._identity is None:
-            # what the first caller's-transaction call through those engines compares its
-            # database with (session_executor): read now, while no transaction of the caller
-            # holds a connection. Read there, it needs a second one at that moment, which a
-            # transaction pooler with every server connection held by such transactions
-            # never frees: a burst of first requests behind PgBouncer hung until they timed out
-            self._own_identity(fresh=False)
+        self._read_identity_ahead()
         self._schema_checked = True
+
+    def _read_identity_ahead(self) -> None:
+        """What the first caller's-transaction call through an engine besides the store's
+        own compares its database with (session_executor), read at startup, while no
+        transaction of the caller holds a connection. Read in that call, it needs a second
+        connection at that moment, which a transaction pooler with every server connection
+        held by such transactions never frees: a burst of first requests behind PgBouncer
+        hung until they timed out."""
+        if self._extra_engines and self._identity is None:
+            self._own_identity(fresh=False)
 
     def executor(self, *, retry: bool = False) -> Lease:
         """``with store.executor() as ex``: one of the store's connections for one operation.

@@ -311,8 +311,9 @@ def one_server_bouncer(_pg_module_target: Target) -> Iterator[pgbouncer.Bouncer]
     started.stop()
 
 
+@pytest.mark.parametrize("startup", ["check_schema", "install"])
 def test_first_enqueue_in_a_transaction_after_check_schema_needs_no_second_server_connection(
-    one_server_bouncer: pgbouncer.Bouncer, pg: Target
+    one_server_bouncer: pgbouncer.Bouncer, pg: Target, startup: str
 ) -> None:
     """A FastAPI app on asyncpg (and a Flask one on psycopg2) behind a transaction pooler,
     its store checked at startup as the docs' lifespan recipe does: a burst of first
@@ -320,9 +321,12 @@ def test_first_enqueue_in_a_transaction_after_check_schema_needs_no_second_serve
     it enqueued, hung until the app's pool timed out. The first caller's-transaction call
     on an engine checked that it reaches the store's database by reading the store's side
     on another connection, which PgBouncer could only give once a transaction ended. With
-    one server connection a single request showed it; ``check_schema()`` now reads the
-    store's side beforehand."""
+    one server connection a single request showed it; ``check_schema()`` (and ``install()``,
+    which an app may call at startup instead: a no-op read at the head) now read the store's
+    side beforehand."""
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    queue = f"one-server-{startup}"
 
     async_url = sa.make_url(one_server_bouncer.url).set(drivername="postgresql+asyncpg")
 
@@ -330,10 +334,10 @@ def test_first_enqueue_in_a_transaction_after_check_schema_needs_no_second_serve
         async_engine = create_async_engine(async_url, connect_args=ASYNCPG_SETTINGS)
         store = alk.Store(async_engine, schema=pg.schema)
         try:
-            await asyncio.to_thread(store.check_schema)  # the lifespan's startup check
+            await asyncio.to_thread(getattr(store, startup))  # the lifespan's startup check
             async with AsyncSession(async_engine) as session, session.begin():
                 await session.execute(sa.text("SELECT 1"))  # the transaction holds the server connection
-                return await alk.aenqueue(session, "one-server", {"n": 1})
+                return await alk.aenqueue(session, queue, {"n": 1})
         finally:
             store.close()
             await async_engine.dispose()
@@ -343,11 +347,11 @@ def test_first_enqueue_in_a_transaction_after_check_schema_needs_no_second_serve
     sync_engine = sa.create_engine(sa.make_url(one_server_bouncer.url).set(drivername="postgresql+psycopg2"))
     store = alk.Store(sync_engine, schema=pg.schema)
     try:
-        store.check_schema()
+        getattr(store, startup)()
         with sa.orm.Session(sync_engine) as session, session.begin():
             session.execute(sa.text("SELECT 1"))
-            second = alk.enqueue(session, "one-server", {"n": 2})
-        assert [j.id for j in store.queue("one-server").claim_batch("w", 10)] == [job_id, second]
+            second = alk.enqueue(session, queue, {"n": 2})
+        assert [j.id for j in store.queue(queue).claim_batch("w", 10)] == [job_id, second]
     finally:
         store.close()
         sync_engine.dispose()
