@@ -2,7 +2,9 @@
 the same 200 keys at once, in their own transactions and in callers' transactions; the
 unique index decides, so each key ends with exactly one live job, and every call returned
 the id of its key's job. A variant acks jobs meanwhile, so keys are freed and taken again
-while enqueues run (the path where a holder vanishes between the conflict and the read)."""
+while enqueues run (the path where a holder vanishes between the conflict and the read).
+Another rolls back half of the callers' transactions: a rolled-back holder frees its key to
+the enqueues waiting on it, and no committed call returns the id of a job that never was."""
 
 from __future__ import annotations
 
@@ -94,3 +96,27 @@ def test_keys_freed_and_taken_while_enqueueing(db: Target, qname: str, tmp_path:
     strangers = [(key, got) for key, got in calls if key_of.get(got) != key]
     assert not strangers, f"calls returned ids of no job of their key, e.g. {strangers[:5]}"
     assert acked, "the ackers acked nothing: no key was freed during the run"
+
+
+@pytest.mark.slow
+def test_callers_transactions_that_roll_back(db: Target, qname: str, tmp_path: Path) -> None:
+    """Six processes enqueue the same keys in callers' transactions, half of which roll back
+    (each process alternates, out of step with the next), while two more enqueue in their
+    own transactions. A key whose holder rolled back is taken by a waiting enqueue; at the
+    end each key has at most one live job, a key has one exactly when some call for it
+    committed, and every committed call returned that job's id."""
+    modes = ["callers-rollback"] * 6 + ["own"] * 2
+    results = harness.run(unique_workers.enqueue_keys, _specs(db, qname, modes, _rendezvous(tmp_path), PROCS),
+                          tmp_path, timeout=180)
+    calls = [(c[0], c[1], c[2] if len(c) > 2 else True) for r in results for c in r]
+    assert len(calls) == PROCS * len(KEYS)
+    assert any(not committed for _, _, committed in calls), "no transaction rolled back"
+
+    live = _live(db, qname)
+    assert len({key for key, _ in live.values()}) == len(live), "two live jobs hold one key"
+    by_key = {key: job_id for job_id, (key, _) in live.items()}
+    assert set(by_key) == {key for key, _, committed in calls if committed}
+    wrong = [(key, got, by_key.get(key)) for key, got, committed in calls if committed and got != by_key.get(key)]
+    assert not wrong, f"{len(wrong)} committed calls returned another id than their key's job, e.g. {wrong[:5]}"
+    # (a rolled-back call's id says nothing: its job never was, and SQLite may give that id
+    # to a later job, since a rollback also undoes the AUTOINCREMENT counter's step)

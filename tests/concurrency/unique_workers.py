@@ -39,7 +39,8 @@ def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
     ``[key, returned id]`` per call. ``mode`` "own": one enqueue per call in its own
     transaction; "callers": sessions of up to ``group`` keys, each taken in key order (two
     transactions waiting on each other's keys in opposite orders would be a deadlock the
-    caller made, not one this test is about); "async": the same through ``alk.aenqueue`` in
+    caller made, not one this test is about); "callers-rollback": the same, every other
+    session rolled back instead of committed (``[key, id, committed]`` per call); "async": the same through ``alk.aenqueue`` in
     AsyncSessions of an asyncpg or aiosqlite engine (statements compiled for that driver)."""
     store = alk.Store(spec["url"], schema=spec["schema"])
     try:
@@ -61,11 +62,18 @@ def enqueue_keys(spec: dict[str, Any]) -> list[list[Any]]:
         group = spec["group"]
         if spec["mode"] == "async":
             return asyncio.run(_aenqueue_keys(store, spec, keys))
+        rollbacks = spec["mode"] == "callers-rollback"
         for i in range(0, len(keys), group):
             chunk = sorted(keys[i : i + group])
-            with Session(store.engine) as session, session.begin():
+            # "callers-rollback": every other transaction (by this process's seed) rolls back
+            commit = not rollbacks or (i // group + spec["seed"]) % 2 == 0
+            with Session(store.engine) as session:
                 ids = [alk.enqueue(session, q, {"key": k, "pid": os.getpid()}, unique_key=k) for k in chunk]
-            out += [[k, job_id] for k, job_id in zip(chunk, ids, strict=True)]
+                if commit:
+                    session.commit()
+                else:
+                    session.rollback()
+            out += [[k, job_id] + ([commit] if rollbacks else []) for k, job_id in zip(chunk, ids, strict=True)]
             time.sleep(pace * len(chunk))
         return out
     finally:
