@@ -45,6 +45,10 @@ from .sql import (
 
 T = TypeVar("T")
 
+# printf() format of a REAL written into JSON as the same double (json_object writes 15
+# significant digits; 17 always read back exactly)
+EXACT_REAL = "%!.17g"
+
 
 class _NoIndex(sa.sql.expression.ColumnElement[Any]):
     """``+column``: SQLite's documented way to keep the planner from using an index on a
@@ -170,7 +174,10 @@ class SQLiteBackend(Backend):
         entry = sa.func.json_object(
             sa.literal_column("'attempt'"), attempts,
             sa.literal_column("'error'"), bp("error", sa.Text),
-            sa.literal_column("'at'"), self.now(),
+            # the reading itself: json_object writes a REAL with 15 significant digits (10 µs
+            # at today's epoch), so the entry's "at" missed the operation's other timestamps
+            # (died_at, run_at) and PostgreSQL's; 17 digits read back as the same double
+            sa.literal_column("'at'"), sa.func.json(sa.func.printf(sa.literal_column(f"'{EXACT_REAL}'"), self.now())),
         )
         # json_type is asked only of valid JSON (it raises on malformed text; a CASE is
         # evaluated in order); json_insert at '$[#]' leaves an object or scalar unchanged

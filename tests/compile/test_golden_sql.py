@@ -34,6 +34,7 @@ import alkstore_sa as alk
 from alkstore_sa import queue as queue_mod
 from alkstore_sa import tracing
 from alkstore_sa._backends.postgresql import JSON_ARRAY_PATTERN
+from alkstore_sa._backends.sqlite import EXACT_REAL
 from alkstore_sa.schema import UNREADABLE_HISTORY
 from tests.every_op import run_every_operation
 from tests.support import FakeClock, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
@@ -294,7 +295,7 @@ def test_no_user_value_in_sql_text(compiled: Compiled) -> None:
 # The only string literals any statement may carry: the library's own constants.
 LITERALS = {
     "pending", "processing", "dead", "[]", "max attempts exceeded", "expired",  # values
-    "epoch", "$[#]", "attempt", "error", "at",  # clock and error-history plumbing
+    "epoch", "$[#]", "attempt", "error", "at", EXACT_REAL,  # clock and error-history plumbing
     "$[0]", "$[1]",  # SQLite's traced enqueue_many: [payload, trace context] pairs
     "",  # the (empty) payload of a queue wake
     # the guard of the error history's append: a stored history that is not a JSON array

@@ -379,3 +379,22 @@ def test_an_error_text_a_latin1_database_cannot_hold_is_stored_escaped(
         if op == "fail":
             assert job.last_error == expected
             assert q.requeue_dead(job_id) is not None
+
+
+def test_an_error_entry_is_at_the_operations_clock_reading(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    """An error history entry's ``at`` is the reading its retry or fail wrote every other
+    timestamp with, to the microsecond, on both engines (SQLite wrote it with 15
+    significant digits: 10 µs apart from the job's died_at and from PostgreSQL's)."""
+    q = store.queue(qname, max_attempts=2, backoff_base=0)
+    q.enqueue({"n": 1})
+    clock.advance(1.873456)  # a reading whose microseconds need 16 significant digits
+    h = q.claim_one("w")
+    assert h is not None and h.retry("first", delay=2)
+    job = q.get_job(h.id)
+    assert job is not None and job.errors[-1]["at"] == _ts(clock) and job.run_at == _ts(clock, 2)
+    clock.advance(2.000007)
+    h = q.claim_one("w")
+    assert h is not None and h.fail("second")
+    dead = q.get_job(h.id)
+    assert dead is not None and dead.died_at == _ts(clock)
+    assert [e["at"] for e in dead.errors] == [job.errors[0]["at"], dead.died_at]
