@@ -596,10 +596,18 @@ class JobHandle:
         store = self._queue.store
         store._check_open()
         seconds = v.lease(extend, "extend")
+        return self._heartbeat(seconds, store.now())
+
+    def _heartbeat(self, extend: float, now: float | None) -> bool:
+        """``heartbeat(extend)`` as called at ``now`` (a reading of the store's clock, None
+        for the database's): the worker beats the claims due together as called together,
+        so a beat sent after another one that waited for SQLite's write lock is judged by
+        when it was due, as that one is (``extend`` already checked)."""
+        store = self._queue.store
+        store._check_open()
         if self._consumed:
             raise HandleConsumed()
-        params = self._claim_params()
-        params["extend"] = seconds
+        params = {"id": self._row[0], "attempts": self._attempts, "now": now, "extend": extend}
         with store.executor(retry=True) as ex:
             return store.backend.heartbeat(ex, params)
 

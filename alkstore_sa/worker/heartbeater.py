@@ -124,19 +124,32 @@ class Heartbeater:
             now = time.monotonic()
             with self._lock:
                 live = [e for e in self._roster.values() if not (e.lost or e.settling)]
+            # The beats due now are one round, called at one reading of each store's clock:
+            # beaten one after another, a beat that waited for SQLite's write lock (an
+            # application's long write) held back the next ones, and those — judged by the
+            # later time they were sent at — found claims that were live when due lapsed,
+            # and marked jobs lost that nobody could have taken meanwhile.
+            readings: dict[int, float | None] = {}  # by id of the store
             for entry in live:
                 if entry.next_beat <= now:
-                    self._beat(entry)
+                    self._beat(entry, readings)
             upcoming = min((e.next_beat for e in live), default=now + 1.0)
             wait = max(0.005, min(1.0, upcoming - time.monotonic()))
             self._wake_at = time.monotonic() + wait
             self._nudge.wait(wait)
             self._nudge.clear()
 
-    def _beat(self, entry: _Entry) -> None:
+    def _beat(self, entry: _Entry, readings: dict[int, float | None] | None = None) -> None:
+        """Heartbeat one claim, as called at its round's reading of its store's clock (taken
+        by the round's first beat on that store: ``readings``; None: a round of its own)."""
         vt = entry.handle._visibility_timeout
+        store = entry.handle._queue.store
+        if readings is None:
+            readings = {}
         try:
-            ok = entry.handle.heartbeat(vt)
+            if id(store) not in readings:
+                readings[id(store)] = store.now()
+            ok = entry.handle._heartbeat(vt, readings[id(store)])
         except HandleConsumed:
             return  # its outcome was recorded meanwhile
         except AlkstoreError as exc:

@@ -24,6 +24,7 @@ import pytest
 import alkstore_sa as alk
 from alkstore_sa import tracing
 from alkstore_sa.queue import claim_turns
+from alkstore_sa.worker.heartbeater import Heartbeater
 from alkstore_sa.worker.registry import Registration
 from tests.support import WAIT, FakeClock, Target
 
@@ -262,3 +263,28 @@ def test_a_heartbeat_that_waited_past_its_lease_never_lifts_the_concurrency_limi
     finally:
         worker.close()
         other.close()
+
+
+def test_a_workers_heartbeats_due_together_all_count_from_when_they_were_due(store: alk.Store, qname: str) -> None:
+    """The worker's heartbeat thread beats its due claims one after another: the first
+    waited for the lock, and the next one, sent only after it, found its claim's deadline
+    passed meanwhile and was refused — its job marked lost (run again, never acked),
+    though nobody could have taken the claim while the lock was held. The beats due
+    together are one round, each live when it was due."""
+    q = store.queue(qname, visibility_timeout=SHORT + 0.5)  # first beats due after 0.5 s
+    q.enqueue_many([{"n": 1}, {"n": 2}])
+    handles = q.claim_batch("w1", 2)
+    assert len(handles) == 2
+    beats = Heartbeater()
+    beats.start()
+    try:
+        with app_writing(store):  # held from before the beats are due until after the claims' deadlines
+            beats.add(handles)
+        deadline = time.monotonic() + WAIT
+        while any(_left(store.get_job(h.id).claim_expires_at) < SHORT / 2 for h in handles):  # type: ignore[union-attr]
+            assert not any(beats.lost(h._claim) for h in handles), "a heartbeat due while its claim was live was refused"
+            assert time.monotonic() < deadline, "the heartbeats did not land"
+            time.sleep(0.05)
+        assert not any(beats.lost(h._claim) for h in handles)
+    finally:
+        beats.stop()
