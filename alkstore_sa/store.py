@@ -31,7 +31,7 @@ from ._registry import store_for as store_for
 from ._rows import job_from_row, ts
 from ._sqlite import _SHARING_POOLS, _main_file, configure_sqlite_engine
 from ._urls import engine_from_url, in_memory_sqlite, parse_url
-from .errors import AlkstoreError, InvalidOptions, StoreClosed
+from .errors import AlkstoreError, DatabaseError, InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
 
@@ -449,7 +449,23 @@ class Store:
 
     def _check_same_database(self, ex: SessionExecutor, root: Engine) -> None:
         theirs = ex.backend.database_identity(ex)
-        if theirs != self._own_identity(fresh=False) and theirs != self._own_identity(fresh=True):
+        try:
+            same = theirs == self._own_identity(fresh=False) or theirs == self._own_identity(fresh=True)
+        except DatabaseError as exc:
+            # the store's side is read on a second connection while the caller's transaction
+            # holds one: behind a transaction pooler whose server connections are all held
+            # that way, the read waits until the pooler gives up, and its bare error
+            # ("query_wait_timeout") says nothing of why the store read anything
+            raise DatabaseError(
+                f"{exc}: reading the store's database on one of its own connections failed (the "
+                f"check, before this engine's first job is written, that it reaches that "
+                f"database). Call store.check_schema() when the application starts, after any "
+                f"store.register(): it reads that beforehand, so no transaction of yours waits "
+                f"for a second connection here, which a transaction pooler may never give "
+                f"(docs/pgbouncer.md)",
+                exc.orig,
+            ) from exc
+        if not same:
             raise InvalidOptions(
                 f"this session's engine reaches another database than the store's "
                 f"({self.engine.url.render_as_string(hide_password=True)}): a job written there "
