@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import threading
@@ -34,6 +35,8 @@ from ._urls import engine_from_url, in_memory_sqlite, parse_url
 from .errors import AlkstoreError, DatabaseError, InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
+
+log = logging.getLogger("alkstore_sa")
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -90,6 +93,7 @@ class Store:
             if app_engine is not None:  # the application's aiosqlite engine waits as long
                 configure_sqlite_engine(app_engine)
         self._listen_engine, self._owns_listen_engine = self._listener_engine(listen_url)
+        self._listen_checked = False  # that listen_url reaches this database (check_schema)
         self._conns = ConnectionCache(engine, self.backend)
         self._hub: Any = None
         self._hub_pid = 0
@@ -408,7 +412,37 @@ class Store:
                 # holds every connection of a bounded pool (SPEC §3: an AlkstoreError either way)
                 raise self.backend.translate_error(exc) from exc
         self._read_identity_ahead()
+        self._check_listen_database()
         self._schema_checked = True
+
+    def _check_listen_database(self) -> None:
+        """A ``listen_url`` must reach the store's database: PostgreSQL delivers a NOTIFY only
+        to the sessions listening in its own database (and a replica gets none), so a
+        listener elsewhere never wakes anyone — silently, since its connection reaches a
+        server directly and no round-trip probe runs. A listener that cannot connect now is
+        left to its own retries (the worker polls meanwhile), and checked at the next check."""
+        if self._listen_engine is None or self._listen_checked:
+            return
+        from .migrations import plain_connection
+
+        try:
+            with plain_connection(self._listen_engine) as conn:
+                ex = session_executor(conn, self.backend.for_dialect(conn.dialect))
+                theirs = ex.backend.database_identity(ex)
+        except Exception as exc:  # noqa: BLE001 - unreachable now: not a configuration verdict
+            log.debug("alkstore could not check listen_url's database now (%s)", exc)
+            return
+        if theirs != self._own_identity(fresh=False) and theirs != self._own_identity(fresh=True):
+            own = self._own_identity(fresh=False)
+            raise InvalidOptions(
+                f"listen_url reaches another database than the store's: {theirs[0]!r} "
+                f"({self._listen_engine.url.render_as_string(hide_password=True)}), not "
+                f"{own[0]!r} ({self.engine.url.render_as_string(hide_password=True)}), or the "
+                f"same name on another server (a replica). PostgreSQL delivers a NOTIFY only to "
+                f"the sessions listening in its own database, so no worker would ever be woken "
+                f"(each would poll every poll_interval): point listen_url at the store's database"
+            )
+        self._listen_checked = True
 
     def _read_identity_ahead(self) -> None:
         """What the first caller's-transaction call through an engine besides the store's

@@ -126,6 +126,33 @@ def test_listen_url_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
         alk.Store(PG_URL, listen_url=f"sqlite:///{tmp_path / 'y.db'}")
 
 
+
+def test_a_listen_url_on_another_database_is_refused_at_the_schema_check(pg_db: Target, tmp_path: Path) -> None:
+    """PostgreSQL delivers a NOTIFY to the sessions listening in *its* database: a
+    ``listen_url`` naming another one (a typo in ``$ALKSTORE_LISTEN_URL``, a replica) gave
+    a worker that never woke, polling every ``poll_interval`` without a word — the
+    listener's connection reached its server directly, so no probe ran. The schema check
+    (run by ``check_schema()``, a worker's ``run()`` and every command) now compares the
+    listener's database with the store's: ``InvalidOptions`` naming both; the same
+    database through another URL passes."""
+    other = sa.make_url(pg_db.url).set(database="postgres", drivername="postgresql")
+    store = alk.Store(pg_db.engine, schema=pg_db.schema, listen_url=other)
+    try:
+        with pytest.raises(alk.InvalidOptions, match=r"listen_url reaches another database.*'postgres'"):
+            store.check_schema()
+        worker = alk.Worker(store, "never-woken", lambda job: None)
+        with pytest.raises(alk.InvalidOptions, match="listen_url"):
+            worker.run(alk.StopToken())
+    finally:
+        store.close()
+    same = sa.make_url(pg_db.url).set(drivername="postgresql", host="localhost")
+    store = alk.Store(pg_db.engine, schema=pg_db.schema, listen_url=same)
+    try:
+        store.check_schema()
+    finally:
+        store.close()
+
+
 # -- pools that hand one connection to several checkouts ----------------------------------
 
 
