@@ -245,8 +245,12 @@ def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
 
 def configure_sqlite_engine(engine: Engine) -> None:
     """Apply the settings to every connection of the engine: those it opens from now on, and
-    those its pool already holds. A sync engine's queue pool starts afresh (it closes only
-    the idle ones). Otherwise each connection gets the settings at its next checkout:
+    those its pool already holds. A sync engine's queue pool starts afresh: its idle
+    connections are closed and a new pool takes over (``engine.dispose()``), so one checked
+    out at this moment goes back to the old pool, never to serve the engine again.
+    (``engine.pool.dispose()`` kept the pool: that connection came back into it without the
+    settings, and the pool, which forgets what is checked out when disposed, then allowed
+    one connection more than its size and overflow.) Otherwise each connection gets the settings at its next checkout:
     an async engine's (aiosqlite) connections cannot be closed from synchronous code —
     disposing of its pool in a FastAPI lifespan, after the app's first query, logged a
     MissingGreenlet "Exception closing connection" per pooled connection and left each one
@@ -257,7 +261,7 @@ def configure_sqlite_engine(engine: Engine) -> None:
     if not event.contains(engine, "connect", _on_connect):
         event.listen(engine, "connect", _on_connect)
     if not engine.dialect.is_async and not isinstance(engine.pool, _SHARING_POOLS):
-        engine.pool.dispose()  # connections the pool already holds were opened without the hook
+        engine.dispose()  # connections the pool already holds were opened without the hook
         return
     _generation[0] += 1
     if not event.contains(engine, "checkout", _on_checkout):

@@ -305,3 +305,36 @@ def test_a_store_made_while_the_app_holds_a_shared_sqlite_connection_keeps_its_t
             later.close()
         first.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["Store(engine)", "register(engine)"])
+def test_a_store_made_while_the_app_holds_a_pooled_sqlite_connection_leaves_the_pool_whole(
+    sqlite_db: Target, qname: str, how: str
+) -> None:
+    """SQLite, an ordinary queue pool (pool_size=1, max_overflow=0): a Store made, or the
+    engine register()ed, while a request holds the pool's one connection (a store made
+    lazily on first use, inside a request). Applying the store's SQLite settings emptied
+    the pool in a way that forgot the connection checked out: once returned, it went on
+    serving the application without the settings (SQLite's 5 s busy timeout, not the
+    store's 60 s), and the pool counted it out twice, handing out two connections at once
+    where the application allowed one."""
+    engine = sa.create_engine(sqlite_db.url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    store: alk.Store | None = None
+    try:
+        with engine.connect() as request:
+            request.exec_driver_sql("SELECT 1")  # the request holds the pool's one connection
+            if how == "Store(engine)":
+                store = alk.Store(engine)
+            else:
+                store = alk.Store(sqlite_db.url)
+                store.register(engine)
+        with engine.connect() as conn:
+            # every connection the application gets from now on has the store's settings
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 60_000
+            with pytest.raises(sa.exc.TimeoutError):
+                engine.connect()  # still one connection at most, as the application configured
+        assert store.queue(qname).enqueue("x") > 0
+    finally:
+        if store is not None:
+            store.close()
+        engine.dispose()
