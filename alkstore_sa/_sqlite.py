@@ -250,11 +250,11 @@ def configure_sqlite_engine(engine: Engine) -> None:
     out at this moment goes back to the old pool, never to serve the engine again.
     (``engine.pool.dispose()`` kept the pool: that connection came back into it without the
     settings, and the pool, which forgets what is checked out when disposed, then allowed
-    one connection more than its size and overflow.) Otherwise each connection gets the settings at its next checkout:
-    an async engine's (aiosqlite) connections cannot be closed from synchronous code —
-    disposing of its pool in a FastAPI lifespan, after the app's first query, logged a
-    MissingGreenlet "Exception closing connection" per pooled connection and left each one
-    unclosed — and a pool that shares its connection between checkouts (StaticPool,
+    one connection more than its size and overflow.) Otherwise each connection gets the
+    settings at its next checkout: an async engine's (aiosqlite) connections cannot be
+    closed from synchronous code — disposing of its pool in a FastAPI lifespan, after the
+    app's first query, logged a MissingGreenlet "Exception closing connection" per pooled
+    connection and left each one unclosed — and a pool that shares its connection between checkouts (StaticPool,
     SingletonThreadPool, AssertionPool) closes it on dispose even while the application's
     open transaction is on it: a Store made (or an engine register()ed) then lost that
     transaction's rows."""
