@@ -286,7 +286,8 @@ def record_version(from_revision: str | None, to_revision: str | None, *, schema
             # downgrade base`) deletes the version row and keeps the table, empty
             op.execute(table.insert().values(version_num=op.inline_literal(to_revision)))
             return
-        created = op.create_table(VERSION_TABLE, *_version_columns(), schema=schema)
+        with steps.own_names():  # its key named as `alkstore migrate` names it
+            created = op.create_table(VERSION_TABLE, *_version_columns(), schema=schema)
         op.bulk_insert(created, [{"version_num": to_revision}])
     else:
         op.execute(table.update().values(version_num=op.inline_literal(to_revision)))

@@ -14,7 +14,8 @@ never lowers the M of an earlier one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -319,15 +320,42 @@ def schema_for(dialect_name: str, schema: str | None) -> str | None:
     return None if dialect_name == "sqlite" else schema
 
 
+@contextmanager
+def own_names() -> Iterator[None]:
+    """The steps' tables, keys and indexes named as written here, whatever env runs them.
+
+    Alembic builds ``op.create_table``'s tables in a MetaData carrying the naming convention
+    of the env's ``target_metadata``: in an application's chain a common convention
+    (``"pk": "pk_%(table_name)s"``, ``"ck": "ck_%(table_name)s_%(constraint_name)s"``)
+    renamed alkstore's primary keys and check, so the schema depended on the way it was
+    installed and was not what ``metadata`` declares, and a later step naming a constraint
+    would miss it in databases installed the other way. The env's ``target_metadata`` is
+    only read for that (and by autogenerate, which does not run here), so it is set aside
+    while the steps run. (Databases such a chain installed before may carry the
+    convention's names for the primary keys and ``alkstore_jobs_state_ck``: a later step
+    that alters those constraints must look their names up rather than assume these.)"""
+    opts = op.get_context().opts
+    if "target_metadata" not in opts:
+        yield
+        return
+    app_metadata = opts.pop("target_metadata")
+    try:
+        yield
+    finally:
+        opts["target_metadata"] = app_metadata
+
+
 def upgrade(to: int = HEAD, *, from_: int = 0, schema: str | None = "alkstore") -> None:
     """Apply steps ``from_+1 .. to`` inside the current Alembic migration."""
     schema = schema_for(op.get_context().dialect.name, schema)
-    for version in range(from_ + 1, to + 1):
-        STEPS[version][0](schema)
+    with own_names():
+        for version in range(from_ + 1, to + 1):
+            STEPS[version][0](schema)
 
 
 def downgrade(to: int = 0, *, from_: int = HEAD, schema: str | None = "alkstore") -> None:
     """Undo steps ``from_ .. to+1`` inside the current Alembic migration."""
     schema = schema_for(op.get_context().dialect.name, schema)
-    for version in range(from_, to, -1):
-        STEPS[version][1](schema)
+    with own_names():
+        for version in range(from_, to, -1):
+            STEPS[version][1](schema)

@@ -28,10 +28,14 @@ prepend_sys_path = %(here)s
 path_separator = os
 """
 
+# APP_NAMING_CONVENTION (JSON): the naming convention of the app's target_metadata
 MODELS = """\
+import json
+import os
+
 import sqlalchemy as sa
 
-metadata = sa.MetaData()
+metadata = sa.MetaData(naming_convention=json.loads(os.environ.get("APP_NAMING_CONVENTION", "null")))
 orders = sa.Table(
     "app_orders",
     metadata,

@@ -7,6 +7,7 @@ Also: a non-default alkstore schema end to end, and ``alkstore migrate --schema`
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import subprocess
 import sys
@@ -126,6 +127,63 @@ def test_an_env_comparing_every_schema_needs_the_filter_too(tmp_path: Path) -> N
     recipe = " ".join(ROOT.joinpath("docs", "install.md").read_text().split("`include_name` skips", 1)[1]
                       .split("If your env already", 1)[0].split())
     assert "include_schemas=True" in recipe, recipe
+
+
+# SQLAlchemy's documented naming convention, the one Flask-SQLAlchemy's docs recommend too
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _constraint_names(url: str, schema: str | None) -> dict[str, tuple[object, ...]]:
+    """Per alkstore table: the names of its primary key, checks, indexes and uniques."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            insp = sa.inspect(conn)
+            return {
+                table: (
+                    insp.get_pk_constraint(table, schema=schema)["name"],
+                    sorted(str(c["name"]) for c in insp.get_check_constraints(table, schema=schema)),
+                    sorted(str(i["name"]) for i in insp.get_indexes(table, schema=schema)),
+                    sorted(str(u["name"]) for u in insp.get_unique_constraints(table, schema=schema)),
+                )
+                for table in sorted(ALKSTORE_TABLES)
+            }
+    finally:
+        engine.dispose()
+
+
+def test_the_apps_naming_convention_does_not_rename_alkstores_constraints(
+    case: tuple[AlembicApp, str | None], tmp_path: Path,
+) -> None:
+    """An app whose target_metadata has a naming convention (SQLAlchemy's documented one):
+    Alembic builds `op.create_table`'s tables in a MetaData carrying it, so the generated
+    revision named alkstore's primary keys `pk_alkstore_jobs` (not `alkstore_jobs_pkey`) and
+    its check `ck_alkstore_jobs_alkstore_jobs_state_ck`: the schema depended on the way it
+    was installed, and a later step naming a constraint would not find it in databases
+    installed the other way. The steps now keep their own names whatever the app's env."""
+    app, schema = case
+    naming = {"APP_NAMING_CONVENTION": json.dumps(NAMING_CONVENTION)}
+    app.generate(*(["--schema", schema] if schema else []))
+    _ok(app.alembic("upgrade", "head", env_vars=naming))
+    installed = _constraint_names(app.url, schema)
+
+    if app.kind == "sqlite":  # the same release's `alkstore migrate`, elsewhere
+        reference_url, reference_schema = f"sqlite:///{tmp_path / 'reference.db'}", None
+    else:
+        reference_url, reference_schema = app.url, new_pg_schema("alkref")
+    engine = sa.create_engine(reference_url)
+    migrations.upgrade(engine, schema=reference_schema or "alkstore")
+    engine.dispose()
+    assert installed == _constraint_names(reference_url, reference_schema)
+
+    _ok(app.alembic("downgrade", APP_REVISION, env_vars=naming))
+    assert not ALKSTORE_TABLES & app.tables(schema)
 
 
 def test_two_apps_on_one_database_each_with_its_own_schema(tmp_path: Path) -> None:
