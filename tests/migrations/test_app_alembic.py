@@ -506,6 +506,35 @@ def test_chain_revision_over_a_database_too_new_for_the_library(recorded: str, t
     assert _recorded(app, None) == recorded
 
 
+@pytest.mark.parametrize("sql", [False, True], ids=["online", "offline"])
+def test_a_revision_from_a_newer_alkstore_run_by_an_older_one(sql: bool, tmp_path: Path) -> None:
+    """A teammate's revision written by a newer alkstore_sa (steps 3 -> 4), run where the
+    older release is still installed (the repository pulled, the requirements not yet):
+    `alembic upgrade head` ended in a traceback, `KeyError: 4`, from inside the steps. It is
+    refused with Alembic's one FAILED line saying to upgrade alkstore_sa, before anything
+    runs; online the database is left as it was."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'older.db'}", "sqlite")
+    ours = app.generate()
+    _ok(app.alembic("upgrade", "head"))
+    head = migrations.head_step()
+    newer = next(app.versions.glob(f"{ours}_*.py")).read_text()
+    assert f"ALKSTORE_STEPS = (0, {head})" in newer and f'down_revision = "{APP_REVISION}"' in newer
+    newer = (newer.replace(f'revision = "{ours}"', 'revision = "teammates"')
+             .replace(f'down_revision = "{APP_REVISION}"', f'down_revision = "{ours}"')
+             .replace(f"ALKSTORE_STEPS = (0, {head})", f"ALKSTORE_STEPS = ({head}, {head + 1})"))
+    (app.versions / f"teammates_alkstore_steps_{head}_to_{head + 1}.py").write_text(newer)
+
+    refused = app.alembic("upgrade", f"{ours}:head" if sql else "head", *(["--sql"] if sql else []))
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "FAILED" in said and "upgrade alkstore_sa" in said, said
+    assert f"step {head + 1}" in said and "Traceback" not in said, said
+    assert _recorded(app, None) == migrations.head_revision()
+    engine = sa.create_engine(app.url)
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == ours
+    engine.dispose()
+
+
 def test_adopting_a_database_installed_by_alkstore_migrate(tmp_path: Path) -> None:
     """The documented path for a database whose alkstore tables came from `alkstore migrate`
     or Store.install(): generate the revision, then `alembic stamp` it (its steps already
