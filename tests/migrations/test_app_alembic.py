@@ -506,6 +506,33 @@ def test_chain_revision_over_a_database_too_new_for_the_library(recorded: str, t
     assert _recorded(app, None) == recorded
 
 
+def _add_a_newer_releases_revision(app: AlembicApp, ours: str) -> int:
+    """Add, on top of our generated revision ``ours`` (steps 0 -> head), the revision a newer
+    alkstore_sa would generate for its step head + 1 (revision id ``teammates``); return head."""
+    head = migrations.head_step()
+    newer = next(app.versions.glob(f"{ours}_*.py")).read_text()
+    assert f"ALKSTORE_STEPS = (0, {head})" in newer and f'down_revision = "{APP_REVISION}"' in newer
+    newer = (newer.replace(f'revision = "{ours}"', 'revision = "teammates"')
+             .replace(f'down_revision = "{APP_REVISION}"', f'down_revision = "{ours}"')
+             .replace(f"ALKSTORE_STEPS = (0, {head})", f"ALKSTORE_STEPS = ({head}, {head + 1})"))
+    (app.versions / f"teammates_alkstore_steps_{head}_to_{head + 1}.py").write_text(newer)
+    return head
+
+
+def test_generator_over_a_chain_a_newer_alkstore_extended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`alkstore alembic-revision` of an older release over a chain that already reaches a
+    newer release's step: it said only "need 0 <= from-step (4) <= to-step (3) <= 3". It
+    says the chain is beyond this release and to upgrade alkstore_sa, and writes nothing."""
+    app = write_app(tmp_path, "sqlite://", "sqlite")
+    head = _add_a_newer_releases_revision(app, app.generate())
+    before = set(app.versions.glob("*.py"))
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini)],
+                   rf"reaches alkstore step {head + 1} .*ships steps up to {head}.*upgrade alkstore_sa")
+    assert set(app.versions.glob("*.py")) == before
+
+
 @pytest.mark.parametrize("sql", [False, True], ids=["online", "offline"])
 def test_a_revision_from_a_newer_alkstore_run_by_an_older_one(sql: bool, tmp_path: Path) -> None:
     """A teammate's revision written by a newer alkstore_sa (steps 3 -> 4), run where the
@@ -516,13 +543,7 @@ def test_a_revision_from_a_newer_alkstore_run_by_an_older_one(sql: bool, tmp_pat
     app = write_app(tmp_path, f"sqlite:///{tmp_path / 'older.db'}", "sqlite")
     ours = app.generate()
     _ok(app.alembic("upgrade", "head"))
-    head = migrations.head_step()
-    newer = next(app.versions.glob(f"{ours}_*.py")).read_text()
-    assert f"ALKSTORE_STEPS = (0, {head})" in newer and f'down_revision = "{APP_REVISION}"' in newer
-    newer = (newer.replace(f'revision = "{ours}"', 'revision = "teammates"')
-             .replace(f'down_revision = "{APP_REVISION}"', f'down_revision = "{ours}"')
-             .replace(f"ALKSTORE_STEPS = (0, {head})", f"ALKSTORE_STEPS = ({head}, {head + 1})"))
-    (app.versions / f"teammates_alkstore_steps_{head}_to_{head + 1}.py").write_text(newer)
+    head = _add_a_newer_releases_revision(app, ours)
 
     refused = app.alembic("upgrade", f"{ours}:head" if sql else "head", *(["--sql"] if sql else []))
     said = refused.stdout + refused.stderr
