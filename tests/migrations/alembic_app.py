@@ -49,10 +49,12 @@ orders = sa.Table(
 # context.configure (transactional_ddl, transaction_per_migration), APP_SQLITE_BEGIN=on
 # takes SQLAlchemy's pysqlite recipe (the driver's own transaction handling off, BEGIN in a
 # `begin` event), APP_ENGINE (JSON) adds keywords to create_engine (isolation_level):
-# the transaction settings an app's env.py may have.
+# the transaction settings an app's env.py may have. APP_BARRIER (a directory): the run
+# writes ready-<pid> there, then waits for a file `go` before it migrates.
 ENV = """\
 import json
 import os
+import time
 
 import sqlalchemy as sa
 from alembic import context
@@ -81,6 +83,11 @@ else:
     with engine.connect() as connection:
         enable_wal(connection)
         context.configure(connection=connection, target_metadata=metadata, include_name=name_filter, **configure_kw)
+        barrier = os.environ.get("APP_BARRIER")
+        if barrier:  # a test starting several runs at once: say so, then wait for its go
+            open(os.path.join(barrier, f"ready-{os.getpid()}"), "w").close()
+            while not os.path.exists(os.path.join(barrier, "go")):
+                time.sleep(0.01)
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()
@@ -125,14 +132,23 @@ class AlembicApp:
     def versions(self) -> Path:
         return self.root / "migrations" / "versions"
 
+    def _env(self, alkstore_filter: bool, env_vars: dict[str, str] | None) -> dict[str, str]:
+        return {**os.environ, "APP_DATABASE_URL": self.url, "APP_ALKSTORE_FILTER": "on" if alkstore_filter else "off",
+                **(env_vars or {})}
+
     def alembic(
         self, *args: str, alkstore_filter: bool = True, env_vars: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "APP_DATABASE_URL": self.url, "APP_ALKSTORE_FILTER": "on" if alkstore_filter else "off",
-               **(env_vars or {})}
         return subprocess.run(
-            [ALEMBIC, "-c", str(self.ini), *args], cwd=self.root, env=env,
+            [ALEMBIC, "-c", str(self.ini), *args], cwd=self.root, env=self._env(alkstore_filter, env_vars),
             capture_output=True, text=True, timeout=120,
+        )
+
+    def start_alembic(self, *args: str, env_vars: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """``alembic`` in the background (``communicate()`` for its output)."""
+        return subprocess.Popen(
+            [ALEMBIC, "-c", str(self.ini), *args], cwd=self.root, env=self._env(True, env_vars),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
 
     def add_migration(self, rev: str, down: str | None, table: str) -> None:

@@ -6,6 +6,7 @@ Also: a non-default alkstore schema end to end, and ``alkstore migrate --schema`
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import re
@@ -383,6 +384,53 @@ def test_chain_revision_is_all_or_nothing_under_an_autocommit_env_on_postgresql(
         _ok(app.alembic("downgrade", APP_REVISION, env_vars=autocommit))
         assert not ALKSTORE_TABLES & app.tables("alkstore")
         engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_two_deploys_upgrading_at_once(kind: str, tmp_path: Path) -> None:
+    """Two `alembic upgrade head` started together (two deploy jobs) over a pending generated
+    revision: the steps run once — the second run waits for the first's install lock
+    (PostgreSQL's advisory lock, SQLite's write lock), then finds them recorded — and a run
+    that lost the race changes nothing and ends with Alembic's one FAILED line (its
+    `alembic_version` moved under it), never a traceback. The database is then whole."""
+    if kind == "postgresql":
+        require_pg()
+    with contextlib.ExitStack() as stack:
+        url = (f"sqlite:///{tmp_path / 'deploy.db'}" if kind == "sqlite"
+               else stack.enter_context(fresh_pg_database("alkdeploy")))
+        app = write_app(tmp_path, url, kind)
+        _ok(app.alembic("upgrade", "head"))  # the app's own revision, deployed before
+        rev = app.generate()
+        barrier = tmp_path / "barrier"
+        barrier.mkdir()
+        # SQLite: a busy timeout no slow machine outlasts while the other run holds the lock
+        env_vars = {"APP_BARRIER": str(barrier), "APP_ENGINE": '{"connect_args": {"timeout": 120}}'
+                    if kind == "sqlite" else "{}"}
+        runs = [app.start_alembic("upgrade", "head", env_vars=env_vars) for _ in range(2)]
+        try:
+            wait_for(lambda: len(list(barrier.glob("ready-*"))) == 2, "both runs at the barrier", timeout=120)
+            (barrier / "go").touch()
+            outputs = [run.communicate(timeout=120)[0] for run in runs]
+        finally:
+            for run in runs:
+                run.kill()
+        codes = [run.returncode for run in runs]
+        assert 0 in codes, outputs
+        for code, said in zip(codes, outputs, strict=True):
+            assert "Traceback" not in said, said
+            if code != 0:
+                assert "FAILED" in said and "expected to match one row" in said, said
+
+        assert _recorded(app, "alkstore") == migrations.head_revision()
+        assert app.tables("alkstore" if kind == "postgresql" else None) >= ALKSTORE_TABLES
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == rev
+        with alk.Store(engine) as store:
+            store.check_schema()
+            assert store.queue("deployed").enqueue({"n": 1}) > 0
+        engine.dispose()
+        assert "No new upgrade operations detected" in _ok(app.alembic("check"))
 
 
 WRITER = """\
