@@ -55,14 +55,17 @@ MAX_SCHEMA_BYTES = 63  # PostgreSQL's identifier limit (a longer name would be t
 
 def schema(value: object) -> str:
     """The PostgreSQL schema of alkstore's tables (checked on SQLite too, which ignores it):
-    a non-empty str of at most 63 bytes without NUL or '.'. (PostgreSQL takes a dot in a
-    quoted name, but Alembic reads ``a.b`` as database ``a``, schema ``b``: the install
-    failed, and such a store could never work.)"""
+    a non-empty str of at most 63 bytes without NUL or '.', in valid Unicode. (PostgreSQL
+    takes a dot in a quoted name, but Alembic reads ``a.b`` as database ``a``, schema
+    ``b``: the install failed, and such a store could never work. A lone surrogate — what
+    Python makes of a command-line argument that is not UTF-8 — cannot be sent at all.)"""
     if (
         not isinstance(value, str) or not value or "\x00" in value
         or len(value.encode("utf-8", "surrogatepass")) > MAX_SCHEMA_BYTES
     ):
         raise InvalidOptions(f"schema must be a non-empty str of at most {MAX_SCHEMA_BYTES} bytes without NUL")
+    if not _utf8_clean(value):
+        raise InvalidOptions("schema must be valid Unicode (no lone surrogates)")
     if "." in value:
         raise InvalidOptions(
             f"schema must not contain '.' ({value!r}): Alembic, which installs the tables, reads "

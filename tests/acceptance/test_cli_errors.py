@@ -263,21 +263,32 @@ def test_every_command_with_a_schema_option_is_checked() -> None:
     assert {" ".join(path) for path, action in _valued_options() if "--schema" in action.option_strings} == set(COMMANDS)
 
 
-@pytest.mark.parametrize("schema", ["", "s" * 64], ids=["empty", "64-bytes"])
+UNUSABLE_SCHEMA = "schema must be a non-empty str of at most 63 bytes without NUL"
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [("", UNUSABLE_SCHEMA), ("s" * 64, UNUSABLE_SCHEMA),
+     ("bad\udcff", "schema must be valid Unicode (no lone surrogates)")],
+    ids=["empty", "64-bytes", "not-utf8"],
+)
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_an_unusable_schema_is_refused_by_every_command(
     sqlite_db: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], command: str, schema: str,
+    capsys: pytest.CaptureFixture[str], command: str, schema: str, message: str,
 ) -> None:
     """The library's own check (as ``alk.Store`` makes it), exit 2, before anything is
-    written: ``migrate`` creates no SQLite file, ``alembic-revision`` writes no revision."""
+    written: ``migrate`` creates no SQLite file, ``alembic-revision`` writes no revision.
+    ``not-utf8``: ``--schema $'bad\\xff'`` (Python's surrogate for the byte) was taken: on
+    PostgreSQL every command failed at its first statement, exit 1, and alembic-revision
+    wrote a revision no upgrade could run."""
     monkeypatch.chdir(tmp_path)
     url = ["--url", f"sqlite:///{tmp_path / 'new.db'}" if command == "migrate" else sqlite_db.url]
     argv = [*command.split(), *COMMANDS[command], "--schema", schema]
     capsys.readouterr()
     assert main(argv if command == "alembic-revision" else [*argv, *url]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["alkstore: InvalidOptions: schema must be a non-empty str of at most 63 bytes without NUL"]
+    assert err == [f"alkstore: InvalidOptions: {message}"]
     assert not (tmp_path / "new.db").exists() and not (tmp_path / "out").exists()
 
 

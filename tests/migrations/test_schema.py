@@ -70,19 +70,23 @@ def test_install_is_idempotent_and_recorded(db: Target) -> None:
 
 UNUSABLE = "schema must be a non-empty str of at most 63 bytes without NUL"
 DOTTED = "schema must not contain '.'"
+NOT_UNICODE = "schema must be valid Unicode (no lone surrogates)"
 
 
 @pytest.mark.parametrize(
     ("schema", "message"),
-    [("", UNUSABLE), ("s" * 64, UNUSABLE), ("a\x00b", UNUSABLE), ("a.b", DOTTED), ("tenant.", DOTTED), (".x", DOTTED)],
-    ids=["empty", "64-bytes", "nul", "a.b", "tenant.", ".x"],
+    [("", UNUSABLE), ("s" * 64, UNUSABLE), ("a\x00b", UNUSABLE), ("a.b", DOTTED), ("tenant.", DOTTED), (".x", DOTTED),
+     ("bad\udcff", NOT_UNICODE)],
+    ids=["empty", "64-bytes", "nul", "a.b", "tenant.", ".x", "lone-surrogate"],
 )
 def test_migrations_refuse_an_unusable_schema_as_the_store_does(db: Target, schema: str, message: str) -> None:
     """``migrations.upgrade``/``downgrade`` check the schema name as ``Store`` does, before
     any SQL (an empty one was an IndexError from SQLAlchemy's quoting on PostgreSQL). A
     dotted one Alembic reads as ``database.schema``: a Store on ``a.b`` was made, and its
     install failed at the first ALTER TABLE with PostgreSQL's 'cross-database references
-    are not implemented' (a DatabaseError): such a store could never work."""
+    are not implemented' (a DatabaseError): such a store could never work. A lone surrogate
+    (what Python makes of an argument or variable that is not UTF-8, ``--schema $'bad\\xff'``)
+    was taken, and the first operation on PostgreSQL failed with a UnicodeEncodeError."""
     with pytest.raises(alk.InvalidOptions, match=re.escape(message)):
         alk.Store(db.engine, schema=schema)
     for run in (migrations.upgrade, migrations.downgrade):
