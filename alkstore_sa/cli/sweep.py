@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import InvalidName
 from ..outbox import listed_queue, listed_queue_name
+from ..queue import DEFAULT_OPTS, Queue
+from ..store import Store
 from ._common import add_database_options, open_store
 from ._shown import shown
 
@@ -21,10 +24,24 @@ def run(args: argparse.Namespace) -> int:
     given = list(dict.fromkeys(listed_queue_name(q) for q in args.queue)) if args.queue else None  # each once
     store = open_store(args)
     try:
-        names = given if given is not None else list(store.queue_stats())
-        for name in names:
-            result = listed_queue(store, name).sweep_expired()
-            print(f"{shown(name)}: expired={result.expired} purged={result.purged}")
+        if given is not None:
+            queues = [listed_queue(store, name) for name in given]
+        else:
+            queues = [_as_stored(store, name) for name in store.queue_stats()]
+        for q in queues:
+            result = q.sweep_expired()
+            print(f"{shown(q.name)}: expired={result.expired} purged={result.purged}")
     finally:
         store.close()
     return 0
+
+
+def _as_stored(store: Store, name: str) -> Queue:
+    """The queue a name the database lists stands for. A row written by hand or by another
+    tool may name a queue ``store.queue`` refuses (empty, reserved, too long): it is swept
+    as stored — the sweep takes the name as a parameter, and its expiry and retention are
+    the rows' own stamps — rather than refused, which would leave every other queue unswept."""
+    try:
+        return listed_queue(store, name)
+    except InvalidName:
+        return Queue._unchecked(store, name, DEFAULT_OPTS)

@@ -568,6 +568,28 @@ def test_sweep_and_dead_reach_an_outboxs_backing_queue(cli: Cli) -> None:
     assert again is not None and again.payload == {"e": 1}
 
 
+def test_sweep_sweeps_a_queue_whose_stored_name_the_api_would_refuse(cli: Cli) -> None:
+    """``sweep`` without ``--queue`` sweeps every queue the database lists, as stored. A row
+    written by hand or by another tool may name a queue ``store.queue`` refuses (empty,
+    reserved, too long): the sweep stopped there with ``InvalidName: queue name must not be
+    empty``, exit 2 (a usage error for a command given no name), and every queue sorted
+    after it went unswept — expired jobs never moved, dead letters never purged."""
+    s = cli.install()
+    past = cli.store(clock=lambda: time.time() - 7200)
+    odd = {name: past.queue("stale").enqueue({"n": name}, expires=60) for name in ("", "__alkstore_x", "q" * 300)}
+    stale = past.queue("stale").enqueue({"s": 1}, expires=60)
+    prefix = f'"{cli.schema}".' if cli.kind == "postgresql" else ""
+    with sa.create_engine(cli.url).begin() as conn:
+        for name, job_id in odd.items():
+            conn.execute(sa.text(f"UPDATE {prefix}alkstore_jobs SET queue = :q WHERE id = :id"), {"q": name, "id": job_id})
+    lines = sorted(cli.ok("sweep").splitlines())
+    assert lines == sorted([": expired=1 purged=0", "__alkstore_x: expired=1 purged=0",
+                            f"{'q' * 300}: expired=1 purged=0", "stale: expired=1 purged=0"])
+    for job_id in (*odd.values(), stale):
+        job = s.get_job(job_id)
+        assert job is not None and job.state == "dead" and job.last_error == "expired", job
+
+
 def test_sweep_with_an_invalid_queue_name_sweeps_nothing(cli: Cli) -> None:
     """Bad input writes nothing: a ``--queue`` that is no valid name is refused (exit 2)
     before any queue is swept, not after the valid ones before it were."""
