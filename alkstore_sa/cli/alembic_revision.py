@@ -12,6 +12,7 @@ the missing steps.
 from __future__ import annotations
 
 import argparse
+import configparser
 import inspect
 import json
 import os
@@ -93,7 +94,13 @@ def run(args: argparse.Namespace) -> int:
     checked_rev_id(args.rev_id)
     try:
         args.config = args.config or os.environ.get("ALEMBIC_CONFIG") or "alembic.ini"  # as alembic's own default
-        script = _app_scripts(args.config)
+        try:
+            script = _app_scripts(args.config)
+        except (configparser.Error, ValueError) as exc:  # ValueError: TOML's decode error, bytes not UTF-8
+            raise UsageError(
+                f"alembic-revision: the app's Alembic configuration ({args.config}, or the "
+                f"pyproject.toml read with it) cannot be read: {type(exc).__name__}: {exc}"
+            ) from exc
         plan, version_path = _plan(args, script)
     except CommandError as exc:
         raise UsageError(f"alembic-revision: {exc}") from exc

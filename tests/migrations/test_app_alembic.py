@@ -795,6 +795,31 @@ def test_generator_without_an_alembic_ini(
     compile(text, "generated", "exec")  # valid Python
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("alembic.ini", b"[alembic\nscript_location = migrations\n"),
+        ("alembic.ini", b"[alembic]\nscript_location = %(here)s/%(oops\n"),
+        ("alembic.ini", b"\xff\xfe[alembic]\n"),
+        ("pyproject.toml", b"[tool.alembic\nscript_location = 'migrations'\n"),
+    ],
+    ids=["ini-no-section", "ini-interpolation", "ini-not-utf8", "toml-syntax"],
+)
+def test_generator_names_an_app_config_it_cannot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, content: bytes
+) -> None:
+    """A broken alembic.ini or pyproject.toml is the app's file to fix: a usage error (exit
+    2) saying which configuration could not be read, and nothing written — was "unexpected
+    error: MissingSectionHeaderError …" (or InterpolationSyntaxError, UnicodeDecodeError,
+    TOMLDecodeError), exit 1, with the hint to look for a bug in alkstore."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_bytes(content)
+    if name == "pyproject.toml" and "toml_file" not in inspect.signature(Config).parameters:
+        pytest.skip("Alembic < 1.16 does not read pyproject.toml")
+    assert_refused(capsys, ["alembic-revision"], r"^alkstore: alembic-revision: the app's Alembic configuration \(alembic\.ini")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
 @pytest.mark.skipif("toml_file" not in inspect.signature(Config).parameters, reason="Alembic < 1.16: no pyproject template")
 def test_generator_reads_a_pyproject_toml_project(tmp_path: Path) -> None:
     """``alembic init --template pyproject`` keeps ``script_location`` in pyproject.toml's
