@@ -463,9 +463,17 @@ def test_traceback_flag_shows_the_traceback(sqlite_db: Target, tmp_path: Path, w
 
 
 def test_unexpected_error_is_one_line_with_a_hint(tmp_path: Path) -> None:
-    (tmp_path / "alembic.ini").write_text("this is not an ini file\n")
+    """An error the command has no words for — here one of the app's own revision files
+    raising as Alembic loads it — is one line naming it, with the flag that shows where."""
+    (tmp_path / "alembic.ini").write_text("[alembic]\nscript_location = migrations\n")
+    versions = tmp_path / "migrations" / "versions"
+    versions.mkdir(parents=True)
+    (tmp_path / "migrations" / "script.py.mako").write_text("")
+    (versions / "a1_broken.py").write_text(
+        'revision = "a1"\ndown_revision = None\nraise ZeroDivisionError("a broken revision file")\n'
+    )
     line = one_line_failure(alkstore("alembic-revision", cwd=tmp_path), 1)
-    assert "--traceback" in line, line
+    assert "ZeroDivisionError: a broken revision file" in line and "--traceback" in line, line
 
 
 def test_alembic_revision_usage_error_is_one_line_exit_2(tmp_path: Path) -> None:
