@@ -5,6 +5,7 @@ pool rules (_connections)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import math
@@ -14,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
@@ -37,6 +38,11 @@ from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
 
 log = logging.getLogger("alkstore_sa")
+T = TypeVar("T")
+
+# seconds the schema check waits for listen_url's database to say which it is (no answer by
+# then: not a verdict, checked again at the next check)
+LISTEN_CHECK_WAIT = 5.0
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -94,6 +100,8 @@ class Store:
                 configure_sqlite_engine(app_engine)
         self._listen_engine, self._owns_listen_engine = self._listener_engine(listen_url)
         self._listen_checked = False  # that listen_url reaches this database (check_schema)
+        # the check's read of listen_url's database, still under way: (pid, its result)
+        self._listen_reading: tuple[int, concurrent.futures.Future[tuple[Any, ...]]] | None = None
         self._conns = ConnectionCache(engine, self.backend)
         self._hub: Any = None
         self._hub_pid = 0
@@ -420,20 +428,33 @@ class Store:
         to the sessions listening in its own database (and a replica gets none), so a
         listener elsewhere never wakes anyone — silently, since its connection reaches a
         server directly and no round-trip probe runs. A listener that cannot connect now is
-        left to its own retries (the worker polls meanwhile), and checked at the next check."""
+        left to its own retries (the worker polls meanwhile), and checked at the next check.
+
+        The read runs in a thread of its own, waited for up to ``LISTEN_CHECK_WAIT``: a
+        server that takes the connection but does not answer (packets dropped, a server
+        stalled) held the store's first operation — an enqueue in a request, a worker's
+        start — for the driver's connect timeout (psycopg's default: 130 s), where the
+        listener only retries in the background. A reading still under way is waited for
+        again by the next check rather than started anew."""
         if self._listen_engine is None or self._listen_checked:
             return
-        from .migrations import plain_connection
-
+        reading = self._listen_reading
+        if reading is None or reading[0] != os.getpid():  # a forked child: that thread is the parent's
+            reading = (os.getpid(), _in_thread(self._read_listen_identity))
+            self._listen_reading = reading
         try:
-            with plain_connection(self._listen_engine) as conn:
-                ex = session_executor(conn, self.backend.for_dialect(conn.dialect))
-                theirs = ex.backend.database_identity(ex)
+            theirs = reading[1].result(timeout=LISTEN_CHECK_WAIT)
+        except concurrent.futures.TimeoutError:
+            log.debug("alkstore could not check listen_url's database now: no answer within %gs", LISTEN_CHECK_WAIT)
+            return
         except Exception as exc:  # noqa: BLE001 - unreachable now: not a configuration verdict
+            self._listen_reading = None
             log.debug("alkstore could not check listen_url's database now (%s)", exc)
             return
+        self._listen_reading = None
         if theirs != self._own_identity(fresh=False) and theirs != self._own_identity(fresh=True):
             own = self._own_identity(fresh=False)
+            assert self._listen_engine is not None
             raise InvalidOptions(
                 f"listen_url reaches another database than the store's: {theirs[0]!r} "
                 f"({self._listen_engine.url.render_as_string(hide_password=True)}), not "
@@ -443,6 +464,14 @@ class Store:
                 f"(each would poll every poll_interval): point listen_url at the store's database"
             )
         self._listen_checked = True
+
+    def _read_listen_identity(self) -> tuple[Any, ...]:
+        from .migrations import plain_connection
+
+        assert self._listen_engine is not None
+        with plain_connection(self._listen_engine) as conn:
+            ex = session_executor(conn, self.backend.for_dialect(conn.dialect))
+            return ex.backend.database_identity(ex)
 
     def _read_identity_ahead(self) -> None:
         """What the first caller's-transaction call through an engine besides the store's
@@ -527,6 +556,21 @@ class Store:
     def _read_own_identity(self) -> tuple[Any, ...]:
         with Lease(self._conns) as own:
             return self.backend.database_identity(own)
+
+
+def _in_thread(read: Callable[[], T]) -> concurrent.futures.Future[T]:
+    """``read()`` in a daemon thread of its own: its result, or its exception, in a future
+    (a daemon: a read that never gets an answer does not keep the process from exiting)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="alkstore-listen-check", daemon=True).start()
+    return future
 
 
 # Every Store made in this process, for the at-fork handler below.

@@ -153,6 +153,45 @@ def test_a_listen_url_on_another_database_is_refused_at_the_schema_check(pg_db: 
         store.close()
 
 
+def test_a_listen_url_that_does_not_answer_keeps_no_one_waiting(
+    pg_db: Target, qname: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``listen_url`` whose server takes the connection but never answers (a host behind
+    a firewall that drops packets, a server stalled): the listener keeps retrying on its own
+    and workers poll, so the check that it reaches the store's database must not hold the
+    store's first operation (an enqueue in a web request) or a worker's start for the
+    driver's connect timeout (psycopg's default: 130 s). The check gives up after
+    ``LISTEN_CHECK_WAIT`` and is not a verdict: the enqueue goes through."""
+    import socket
+
+    from alkstore_sa import store as store_module
+
+    monkeypatch.setattr(store_module, "LISTEN_CHECK_WAIT", 0.5)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes the handshake; nobody ever reads or answers
+    port = silent.getsockname()[1]
+    store = alk.Store(pg_db.engine, schema=pg_db.schema, listen_url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+    done = threading.Event()
+    outcome: list[object] = []
+
+    def first_enqueue() -> None:
+        try:
+            outcome.append(store.queue(qname).enqueue("x"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    try:
+        threading.Thread(target=first_enqueue, daemon=True).start()
+        assert done.wait(60), "the first enqueue waited for listen_url's server to answer"
+        assert isinstance(outcome[0], int), outcome
+    finally:
+        store.close()
+        silent.close()
+
+
 # -- pools that hand one connection to several checkouts ----------------------------------
 
 
