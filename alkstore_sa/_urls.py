@@ -228,9 +228,22 @@ def _is_int(value: str) -> bool:
     return text.lstrip("-").isdigit() and text.isascii()
 
 
-def _shown(url: URL) -> str:
-    """The URL for a message, password hidden."""
-    return url.render_as_string(hide_password=True)
+# libpq options that carry a secret: the password itself, and the SSL client key's
+SECRET_OPTIONS = frozenset({"password", "sslpassword"})
+_HIDDEN = "alkstorehiddensecret"  # a placeholder the rendering leaves as it is, then replaced
+
+
+def shown_url(url: URL) -> str:
+    """The URL for a message or a repr, its secrets hidden as ``***``: the password of its
+    user part, and the options that libpq also takes in the query (``?password=``,
+    ``?sslpassword=``)."""
+    secret = {key: _HIDDEN for key in url.query if key.lower() in SECRET_OPTIONS}
+    if secret:
+        url = url.update_query_dict(secret)
+    return url.render_as_string(hide_password=True).replace(_HIDDEN, "***")
+
+
+_shown = shown_url
 
 
 def _one_line(exc: BaseException) -> str:

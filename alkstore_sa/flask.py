@@ -40,6 +40,7 @@ try:
 except ImportError as exc:
     raise MissingExtra("alkstore_sa.flask needs Flask: pip install 'alkstore-sa[flask]'") from exc
 
+from ._urls import shown_url
 from .cli._common import exit_past_abandoned_jobs, stop_on_signals, worker_options
 from .cli._errors import explain
 from .cli._shown import shown, stderr_handler
@@ -189,7 +190,7 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
     except (AlkstoreError, sa.exc.DBAPIError) as exc:  # NotInstalled names the command to run
         code, message = explain(exc, None)
         if isinstance(exc, NotInstalled):  # no --url here: say which database the app opened
-            message += f" (the app's database: {shown(store.engine.url.render_as_string(hide_password=True))})"
+            message += f" (the app's database: {shown(shown_url(store.engine.url))})"
         raise (_CannotRun if code == 2 else _Failed)(message) from exc
     click.echo(f"worker: {worker.processed} job(s) done")
     exit_past_abandoned_jobs(worker._abandoned)  # their threads die with the process

@@ -32,7 +32,7 @@ from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, tra
 from ._registry import store_for as store_for
 from ._rows import job_from_row, ts
 from ._sqlite import _SHARING_POOLS, _main_file, configure_sqlite_engine
-from ._urls import engine_from_url, in_memory_sqlite, parse_url
+from ._urls import engine_from_url, in_memory_sqlite, parse_url, shown_url
 from .errors import AlkstoreError, DatabaseError, InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
@@ -211,7 +211,7 @@ class Store:
         return self._closed
 
     def __repr__(self) -> str:
-        return f"<alkstore_sa.Store {self.engine.url.render_as_string(hide_password=True)!r} schema={self.schema!r}>"
+        return f"<alkstore_sa.Store {shown_url(self.engine.url)!r} schema={self.schema!r}>"
 
     # -- handles ---------------------------------------------------------------------------
 
@@ -531,7 +531,7 @@ class Store:
         if not same:
             raise InvalidOptions(
                 f"this session's engine reaches another database than the store's "
-                f"({self.engine.url.render_as_string(hide_password=True)}): a job written there "
+                f"({shown_url(self.engine.url)}): a job written there "
                 f"would never be claimed. Bind the session to that database, or use a store on "
                 f"the session's own database"
             )
@@ -684,7 +684,7 @@ def _refuse_in_memory(url: URL) -> None:
     the database with its pool, and the worker's connections would each see another one."""
     if in_memory_sqlite(url):
         raise InvalidOptions(
-            f"{url.render_as_string(hide_password=True)} is an in-memory SQLite database, private "
+            f"{shown_url(url)} is an in-memory SQLite database, private "
             "to one connection: a store opens its own connections (and its worker threads "
             "theirs), so it would lose or never see that database; use a database file "
             "(in tests, e.g. a file in pytest's tmp_path)"

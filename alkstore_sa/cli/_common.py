@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from sqlalchemy.engine import URL
 
 from .. import _validate
-from .._urls import in_memory_sqlite, parse_url, sqlite_path
+from .._urls import in_memory_sqlite, parse_url, shown_url, sqlite_path
 from ..schema import DEFAULT_SCHEMA
 from ..stop import StopToken
 from ..store import Store
@@ -69,7 +69,7 @@ def database_url(args: argparse.Namespace) -> URL:
     url = parse_url(str(args.url))
     if in_memory_sqlite(url):
         raise UsageError(
-            f"--url {url.render_as_string(hide_password=True)} is an in-memory SQLite database, "
+            f"--url {shown_url(url)} is an in-memory SQLite database, "
             f"gone when this command exits: an alkstore command needs a database file or server "
             f"it can share with the application (e.g. sqlite:///app.db)"
         )

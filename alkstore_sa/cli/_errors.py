@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from .._unreachable import driver_error, is_connect_failure
+from .._urls import shown_url
 from ..errors import AlkstoreError, DatabaseError, NotInstalled
 from ._shown import shown
 
@@ -130,6 +131,6 @@ def _url_shown(args: argparse.Namespace | None) -> str:
     if not url:
         return ""
     try:
-        return sa.engine.make_url(str(url).strip()).render_as_string(hide_password=True)
+        return shown_url(sa.engine.make_url(str(url).strip()))
     except Exception:  # noqa: BLE001 - the URL was used already; showing it is best effort
         return ""

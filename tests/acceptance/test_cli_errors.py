@@ -528,6 +528,28 @@ def test_unreachable_server_is_one_line_exit_1(tmp_path: Path, argv: list[str]) 
     assert "127.0.0.1" in line and "--url" in line, line
 
 
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [("password=s3cr3t-pw", 1), ("sslpassword=s3cr3t-pw&password=s3cr3t-pw", 1), ("password=s3cr3t-pw&bogus=1", 2)],
+    ids=["password", "sslpassword", "refused-option"],
+)
+def test_a_password_in_the_urls_query_is_not_shown(tmp_path: Path, query: str, code: int) -> None:
+    """libpq takes the password (and the SSL key's, ``sslpassword``) as a query option too:
+    the one-line error hides it as it hides one in the user part — was ``cannot connect to
+    the database postgresql://postgres@127.0.0.1:1/test?password=s3cr3t-pw: …``, a secret
+    on stderr, in a CI log or the journal. So does the store's repr."""
+    url = f"{UNREACHABLE}?{query}"
+    line = one_line_failure(alkstore("status", "--url", url, cwd=tmp_path), code)
+    assert "s3cr3t" not in line and "password=***" in line, line
+    if code == 2:  # the store refuses the URL as the command did, in the same words
+        with pytest.raises(alk.InvalidOptions) as refused:
+            alk.Store(url)
+        assert "s3cr3t" not in str(refused.value) and "password=***" in str(refused.value), refused.value
+        return
+    with alk.Store(url) as store:
+        assert "s3cr3t" not in repr(store) and "password=***" in repr(store), repr(store)
+
+
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A port where connections are accepted by the kernel and never answered: a server
