@@ -65,7 +65,7 @@ def engine_from_url(url: str | URL, **kw: Any) -> Engine:
         hint = INSTALL_HINT.get(driver, f"the {driver!r} driver of {parsed.drivername!r} is not installed")
         raise InvalidOptions(f"{hint} ({type(exc).__name__}: {exc})") from exc
     except (sa.exc.ArgumentError, TypeError, ValueError) as exc:
-        raise InvalidOptions(f"cannot use the database URL {_shown(parsed)}: {_one_line(exc)}") from exc
+        raise InvalidOptions(f"cannot use the database URL {shown_url(parsed)}: {_one_line(exc)}") from exc
 
 
 def parse_url(url: str | URL) -> URL:
@@ -91,7 +91,7 @@ def parse_url(url: str | URL) -> URL:
     if backend == "sqlite":
         _check_sqlite_options(parsed, url)
         return parsed.set(drivername="sqlite") if parsed.get_driver_name() == "aiosqlite" else parsed
-    raise InvalidOptions(f"alkstore_sa supports PostgreSQL (psycopg 3) and SQLite, not {backend!r} ({_shown(parsed)})")
+    raise InvalidOptions(f"alkstore_sa supports PostgreSQL (psycopg 3) and SQLite, not {backend!r} ({shown_url(parsed)})")
 
 
 def sqlite_path(url: URL) -> Path | None:
@@ -138,7 +138,7 @@ def _check_sqlite_options(url: URL, given: str | URL) -> None:
         names = list(url.query)
     uri = _uri_mode(url)
     # as given: a SQLite URL holds no password, and the rendered one lacks a '='-less item
-    shown = given.strip() if isinstance(given, str) and url.password is None else _shown(url)
+    shown = given.strip() if isinstance(given, str) and url.password is None else shown_url(url)
     for name in names:
         if name in SQLITE_DRIVER_OPTIONS:
             continue
@@ -176,18 +176,18 @@ def _psycopg_options(url: URL) -> tuple[URL, dict[str, Any]]:
         if key in SQLALCHEMY_HANDLED:
             continue
         if not isinstance(value, str):
-            raise InvalidOptions(f"the URL option {key!r} is given more than once ({_shown(url)})")
+            raise InvalidOptions(f"the URL option {key!r} is given more than once ({shown_url(url)})")
         if key == "autocommit":
             # a string here would be truthy ("false" included), and SQLAlchemy and alkstore
             # manage transactions themselves: a driver in autocommit would break both
             raise InvalidOptions(
                 f"the URL option 'autocommit' is not allowed: SQLAlchemy and alkstore manage "
-                f"transactions themselves ({_shown(url)})"
+                f"transactions themselves ({shown_url(url)})"
             )
         if key == "prepare_threshold":
             connect_args[key] = _prepare_threshold(value, url)
         elif key in INT_OPTIONS and not _is_int(value):
-            raise InvalidOptions(f"the URL option {key}={value!r} must be an integer ({_shown(url)})")
+            raise InvalidOptions(f"the URL option {key}={value!r} must be an integer ({shown_url(url)})")
     libpq = {k: v for k, v in url.query.items() if k not in SQLALCHEMY_HANDLED and k not in connect_args}
     _check_libpq_names(libpq, url)
     return url.difference_update_query(connect_args), connect_args
@@ -202,7 +202,7 @@ def _prepare_threshold(value: str, url: URL) -> int | None:
         return int(value)
     raise InvalidOptions(
         f"the URL option prepare_threshold={value!r} must be an integer >= 0, or none to never "
-        f"prepare statements ({_shown(url)})"
+        f"prepare statements ({shown_url(url)})"
     )
 
 
@@ -219,7 +219,7 @@ def _check_libpq_names(options: dict[str, Any], url: URL) -> None:
         except ProgrammingError:
             raise InvalidOptions(
                 f"the URL option {name!r} is not a libpq connection option or a psycopg "
-                f"setting ({_shown(url)})"
+                f"setting ({shown_url(url)})"
             ) from None
 
 
@@ -242,8 +242,6 @@ def shown_url(url: URL) -> str:
         url = url.update_query_dict(secret)
     return url.render_as_string(hide_password=True).replace(_HIDDEN, "***")
 
-
-_shown = shown_url
 
 
 def _one_line(exc: BaseException) -> str:

@@ -457,8 +457,8 @@ class Store:
             assert self._listen_engine is not None
             raise InvalidOptions(
                 f"listen_url reaches another database than the store's: {theirs[0]!r} "
-                f"({self._listen_engine.url.render_as_string(hide_password=True)}), not "
-                f"{own[0]!r} ({self.engine.url.render_as_string(hide_password=True)}), or the "
+                f"({shown_url(self._listen_engine.url)}), not "
+                f"{own[0]!r} ({shown_url(self.engine.url)}), or the "
                 f"same name on another server (a replica). PostgreSQL delivers a NOTIFY only to "
                 f"the sessions listening in its own database, so no worker would ever be woken "
                 f"(each would poll every poll_interval): point listen_url at the store's database"
