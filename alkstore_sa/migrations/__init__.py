@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import re
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -416,6 +417,35 @@ def unrecorded_tables(connection: Connection, schema: str) -> str | None:
     )
 
 
+# the schemas holding alkstore's jobs table (names compared, never interpolated)
+_PG_INSTALLED_SCHEMAS = sa.text(
+    "SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+    " ON n.oid OPERATOR(pg_catalog.=) c.relnamespace"
+    " WHERE c.relname OPERATOR(pg_catalog.=) 'alkstore_jobs' ORDER BY n.nspname LIMIT 4"
+)
+
+
+def _installed_elsewhere(connection: Connection, schema: str) -> str:
+    """PostgreSQL, for a schema without alkstore: the schemas of this database that have it,
+    and how to name one, as the start of the advice ("" when there are none). Without it
+    the advice was only `alkstore migrate`, which for a store made without the schema its
+    tables are in (a worker started without ``--schema``) installs a second, empty copy."""
+    try:
+        found = [s for s in connection.execute(_PG_INSTALLED_SCHEMAS).scalars() if s != schema]
+    except sa.exc.DBAPIError as exc:
+        raise _driver_error("could not read the alkstore schema", exc) from exc
+    if not found:
+        return ""
+    named = ", ".join(repr(s) for s in found[:3]) + (", ..." if len(found) > 3 else "")
+    first = found[0]
+    return (
+        f"they are in schema{'s' if len(found) > 1 else ''} {named} of this database: give the "
+        "store its schema "
+        f"(alk.Store(..., schema={first!r}), `--schema {shlex.quote(first)}` or "
+        f"ALKSTORE_SCHEMA={shlex.quote(first)}); or, for a separate copy in {schema!r}, "
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def head_revision() -> str:
     """The newest revision this library version ships (the highest schema step)."""
@@ -518,8 +548,12 @@ def check_schema(connection: Connection, schema: str = DEFAULT_SCHEMA) -> None:
         unrecorded = unrecorded_tables(connection, schema)
         if unrecorded is not None:
             raise NotInstalled(f"{unrecorded}: {advice}")
-        where = "" if connection.dialect.name == "sqlite" else f" (schema {schema!r})"
-        raise NotInstalled(f"alkstore tables are not installed in this database{where}: {advice}")
+        if connection.dialect.name == "sqlite":
+            raise NotInstalled(f"alkstore tables are not installed in this database: {advice}")
+        raise NotInstalled(
+            f"alkstore tables are not installed in this database (schema {schema!r}): "
+            f"{_installed_elsewhere(connection, schema)}{advice}"
+        )
     verdict = schema_verdict(current)
     if verdict == "outdated":
         raise SchemaOutdated(

@@ -29,6 +29,7 @@ import alkstore_sa as alk
 from alkstore_sa import migrations
 from alkstore_sa.schema import VERSION_TABLE
 from tests.conftest import ENGINES, require_pg
+from tests.fresh_pg import fresh_pg_database
 from tests.support import PG_URL, Target, drop_pg_schema, new_pg_schema, pg_target, sqlite_target
 
 ALKSTORE = Path(sys.executable).with_name("alkstore")
@@ -246,3 +247,28 @@ def test_outdated_and_missing_schema_advice_works_as_given(kind: str, tmp_path: 
         if kind == "postgresql":
             drop_pg_schema(db)
         db.engine.dispose()
+
+
+def test_a_store_on_the_default_schema_of_a_database_installed_in_another_says_where() -> None:
+    """alkstore installed in schema `jobs` (`alkstore alembic-revision --schema jobs`), and a
+    store, worker or command made without that schema: NotInstalled said only "run
+    `alkstore migrate --url URL`", which installs a second, empty copy in `alkstore` (the
+    worker then waits on it while the jobs pile up in `jobs`). It says where the tables are
+    and how to name that schema, and still how to install here on purpose."""
+    require_pg()
+    with fresh_pg_database("alkelsewhere") as url:
+        engine = sa.create_engine(url)
+        try:
+            migrations.upgrade(engine, schema="jobs")
+            with alk.Store(engine) as store, pytest.raises(alk.NotInstalled) as info:
+                store.check_schema()
+            message = str(info.value)
+            assert "schema 'alkstore'" in message and "in schema 'jobs'" in message, message
+            assert "schema='jobs'" in message and "--schema jobs" in message, message
+            assert "`alkstore migrate --url URL`" in message, message  # installing here stays possible
+            said = subprocess.run([str(ALKSTORE), "status", "--url", url], capture_output=True, text=True, timeout=120)
+            assert said.returncode == 2 and "--schema jobs" in said.stderr, said.stderr
+            with alk.Store(engine, schema="jobs") as store:  # the advice, as given
+                store.check_schema()
+        finally:
+            engine.dispose()
