@@ -55,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="write your app's Alembic revision that installs/upgrades alkstore's tables (one head)",
     )
     p.add_argument("-c", "--config", default=None, help="the app's alembic.ini or pyproject.toml (default: $ALEMBIC_CONFIG, else ./alembic.ini; [tool.alembic] of a pyproject.toml beside it is read too, or alone)")
+    p.add_argument("-n", "--name", default="alembic", help="the ini's section to read, as `alembic -n NAME` (default: alembic)")
     p.add_argument("--down-revision", help="app revision to chain to, `base` for none (default: the app's single head)")
     p.add_argument(
         "--from-step", type=int,
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         args.config = args.config or os.environ.get("ALEMBIC_CONFIG") or "alembic.ini"  # as alembic's own default
         try:
-            script = _app_scripts(args.config)
+            script = _app_scripts(args.config, args.name)
         except (configparser.Error, ValueError) as exc:  # ValueError: TOML's decode error, bytes not UTF-8
             raise UsageError(
                 f"alembic-revision: the app's Alembic configuration ({args.config}, or the "
@@ -114,18 +115,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _app_scripts(config: str) -> ScriptDirectory | None:
+def _app_scripts(config: str, name: str = "alembic") -> ScriptDirectory | None:
     """The app's script directory, or None when it has no Alembic configuration (arguments
-    must say all). As ``alembic`` reads it: the ini, or with none (Alembic >= 1.16) the
-    ``[tool.alembic]`` table of a ``pyproject.toml`` — the one ``-c`` names, else the one
-    where the ini would be."""
+    must say all). As ``alembic`` reads it: the ini (its section ``name``, as ``alembic -n
+    NAME``), or with none (Alembic >= 1.16) the ``[tool.alembic]`` table of a
+    ``pyproject.toml`` — the one ``-c`` names, else the one where the ini would be."""
     from alembic.config import Config
     from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
 
     path = Path(config)
     if path.name != "pyproject.toml" and path.is_file():
-        settings = app_config(path)
+        settings = app_config(path, name)
         named = getattr(settings, "get_alembic_option", settings.get_main_option)("script_location")  # ini or toml
+        if named is None and not settings.file_config.has_section(name) and not (path.parent / "env.py").is_file():
+            # an ini of several environments, run as `alembic -n NAME`: Alembic's own words
+            # ("No 'script_location' key found") would not say which section was read
+            raise CommandError(
+                f"{config} has no [{name}] section"
+                + (": give the section your `alembic -n NAME` reads with -n NAME" if name == "alembic" else "")
+            )
         if named is None and (path.parent / "env.py").is_file():
             # Flask-Migrate's layout: migrations/alembic.ini names no script_location; `flask
             # db` sets it to the ini's own directory, which holds env.py and versions/
@@ -140,7 +149,7 @@ def _app_scripts(config: str) -> ScriptDirectory | None:
     return ScriptDirectory.from_config(settings)
 
 
-def app_config(ini: Path) -> Config:
+def app_config(ini: Path, name: str = "alembic") -> Config:
     """The app's Alembic config as the ``alembic`` command reads it: the ini plus the
     ``[tool.alembic]`` table of a ``pyproject.toml`` — the one next to the ini, else the
     current directory's, which is where ``alembic`` looks. Alembic >= 1.16's ``pyproject``
@@ -148,9 +157,9 @@ def app_config(ini: Path) -> Config:
     from alembic.config import Config
 
     if "toml_file" not in inspect.signature(Config).parameters:  # Alembic < 1.16
-        return Config(str(ini))
+        return Config(str(ini), ini_section=name)
     toml = next((p for p in (ini.parent / "pyproject.toml", Path("pyproject.toml")) if p.is_file()), None)
-    return Config(str(ini), toml_file=None if toml is None else str(toml))
+    return Config(str(ini), ini_section=name, toml_file=None if toml is None else str(toml))
 
 
 def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Plan | None, Path]:

@@ -763,6 +763,26 @@ def _marker_schema(app: AlembicApp, rev: str) -> str:
     return str(script.get_revision(rev).module.ALKSTORE_SCHEMA)  # type: ignore[union-attr]
 
 
+def test_generator_reads_a_named_section_of_a_multi_environment_ini(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An ini with one section per environment, run as `alembic -n appdb ...` (Alembic's
+    "multiple environments from one .ini file"): the generator read only `[alembic]` and
+    said "No 'script_location' key found in configuration". `-n NAME` reads the section
+    `alembic -n NAME` does, and without it the refusal says to give one."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'named.db'}", "sqlite")
+    app.ini.write_text(app.ini.read_text().replace("[alembic]", "[appdb]"))
+    before = set(app.versions.glob("*.py"))
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini)], r"no \[alembic\] section.*-n NAME")
+    assert set(app.versions.glob("*.py")) == before
+    assert main(["alembic-revision", "-c", str(app.ini), "-n", "appdb"]) == 0
+    (new,) = set(app.versions.glob("*.py")) - before
+    assert f'down_revision = "{APP_REVISION}"' in new.read_text()
+    _ok(app.alembic("-n", "appdb", "upgrade", "head"))
+    assert _recorded(app, None) == migrations.head_revision()
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini), "-n", "nosuch"], r"no \[nosuch\] section")
+
+
 def test_generator_refuses_two_heads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     app = write_app(tmp_path, "sqlite://", "sqlite")
     app.add_migration("app_0002a", APP_REVISION, "app_a")
