@@ -11,13 +11,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from sqlalchemy.engine import URL
 
 from .. import _validate
 from .._urls import in_memory_sqlite, parse_url, shown_url, sqlite_path
+from ..errors import InvalidOptions
 from ..schema import DEFAULT_SCHEMA
 from ..stop import StopToken
 from ..store import Store
@@ -51,13 +53,42 @@ def add_database_options(parser: argparse.ArgumentParser, *, listen: bool = True
     )
 
 
+ENVIRONMENT = {"url": "ALKSTORE_DATABASE_URL", "schema": "ALKSTORE_SCHEMA", "listen_url": "ALKSTORE_LISTEN_URL"}
+"""The environment variable each database option defaults to."""
+
+
+def from_environment(args: argparse.Namespace, dest: str) -> str | None:
+    """``$VARIABLE`` when the value of the option ``dest`` came from the environment (None:
+    given on the command line, or the built-in default)."""
+    if dest in getattr(args, "given_options", ()) or dest not in ENVIRONMENT:
+        return None
+    variable = ENVIRONMENT[dest]
+    return f"${variable}" if os.environ.get(variable) else None
+
+
+@contextmanager
+def said_of(args: argparse.Namespace, dest: str) -> Iterator[None]:
+    """A refusal of an option's value that the environment gave names the variable: the
+    command line the operator typed does not hold it (``ALKSTORE_SCHEMA=a.b`` in a unit
+    file, an ``ALKSTORE_LISTEN_URL`` meant for another database)."""
+    try:
+        yield
+    except (InvalidOptions, UsageError) as exc:
+        variable = from_environment(args, dest)
+        if variable is None:
+            raise
+        option = "--" + dest.replace("_", "-")
+        raise type(exc)(f"{variable} (the default of {option}): {exc}") from exc
+
+
 def check_options(args: argparse.Namespace) -> None:
     """The options several commands share, checked as the library checks them before the
     command runs (and before ``migrate`` creates a file or ``alembic-revision`` writes one):
     a --schema ``Store`` would refuse is refused by every command, in the same words."""
     schema = getattr(args, "schema", None)
     if schema is not None:  # alembic-revision: None when not given (then read from the chain)
-        _validate.schema(schema)
+        with said_of(args, "schema"):
+            _validate.schema(schema)
 
 
 def database_url(args: argparse.Namespace) -> URL:
@@ -66,13 +97,14 @@ def database_url(args: argparse.Namespace) -> URL:
     process (``migrate`` would report an install that is gone when it exits)."""
     if not args.url:
         raise UsageError("no database URL: pass --url URL or set ALKSTORE_DATABASE_URL")
-    url = parse_url(str(args.url))
-    if in_memory_sqlite(url):
-        raise UsageError(
-            f"--url {shown_url(url)} is an in-memory SQLite database, "
-            f"gone when this command exits: an alkstore command needs a database file or server "
-            f"it can share with the application (e.g. sqlite:///app.db)"
-        )
+    with said_of(args, "url"):
+        url = parse_url(str(args.url))
+        if in_memory_sqlite(url):
+            raise UsageError(
+                f"--url {shown_url(url)} is an in-memory SQLite database, "
+                f"gone when this command exits: an alkstore command needs a database file or server "
+                f"it can share with the application (e.g. sqlite:///app.db)"
+            )
     return url
 
 
@@ -86,7 +118,22 @@ def open_store(args: argparse.Namespace) -> Store:
             f"the SQLite database {str(path)!r} does not exist: check --url, or create it with "
             f"`alkstore migrate --url URL`"
         )
-    return Store(url, schema=args.schema, listen_url=getattr(args, "listen_url", None))
+    return Store(url, schema=args.schema, listen_url=listen_url(args, url))
+
+
+def listen_url(args: argparse.Namespace, url: URL) -> URL | None:
+    """The --listen-url, checked as ``Store`` checks it but refused under the option's name
+    (or its environment variable's) rather than the store's parameter's."""
+    given = getattr(args, "listen_url", None)
+    if given is None:
+        return None
+    with said_of(args, "listen_url"):
+        if url.get_backend_name() != "postgresql":
+            raise InvalidOptions("--listen-url is for PostgreSQL stores (SQLite wakes through its watcher)")
+        parsed = parse_url(str(given))
+        if parsed.get_backend_name() != "postgresql":
+            raise InvalidOptions("--listen-url must be a PostgreSQL URL")
+    return parsed
 
 
 class Once(argparse.Action):
@@ -113,6 +160,10 @@ class Once(argparse.Action):
                 # the values are not echoed: a --url may carry a password
                 hint = self.hint or "it takes a single value"
                 raise argparse.ArgumentError(self, f"given more than once; {hint}")
+            # which values the command line gave (the others are defaults, some from the
+            # environment: from_environment)
+            given_options: set[str] = namespace.__dict__.setdefault("given_options", set())
+            given_options.add(self.dest)
         setattr(namespace, self.dest, values)
 
 

@@ -263,6 +263,7 @@ def test_every_command_with_a_schema_option_is_checked() -> None:
     assert {" ".join(path) for path, action in _valued_options() if "--schema" in action.option_strings} == set(COMMANDS)
 
 
+ENVIRONMENT = ("ALKSTORE_DATABASE_URL", "ALKSTORE_SCHEMA", "ALKSTORE_LISTEN_URL")
 UNUSABLE_SCHEMA = "schema must be a non-empty str of at most 63 bytes without NUL"
 
 
@@ -290,6 +291,57 @@ def test_an_unusable_schema_is_refused_by_every_command(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"alkstore: InvalidOptions: {message}"]
     assert not (tmp_path / "new.db").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "url", "says"),
+    [
+        ("ALKSTORE_SCHEMA", "a.b", "sqlite", "$ALKSTORE_SCHEMA (the default of --schema): schema must not contain '.'"),
+        ("ALKSTORE_DATABASE_URL", "not a url", None, "$ALKSTORE_DATABASE_URL (the default of --url): not a database URL"),
+        ("ALKSTORE_LISTEN_URL", PG_URL, "sqlite",
+         "$ALKSTORE_LISTEN_URL (the default of --listen-url): --listen-url is for PostgreSQL"),
+        ("ALKSTORE_LISTEN_URL", "not a url", "pg", "$ALKSTORE_LISTEN_URL (the default of --listen-url): not a database URL"),
+    ],
+    ids=["schema", "url", "listen-url-on-sqlite", "listen-url"],
+)
+def test_an_unusable_value_from_the_environment_names_its_variable(
+    sqlite_db: Target, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    variable: str, value: str, url: str | None, says: str,
+) -> None:
+    """The options default to $ALKSTORE_DATABASE_URL, $ALKSTORE_SCHEMA, $ALKSTORE_LISTEN_URL:
+    a refusal of a value the environment gave names the variable, as nothing the operator
+    typed holds it — was ``InvalidOptions: listen_url is for PostgreSQL stores`` for
+    ``alkstore status --url sqlite:///app.db`` in a shell whose ALKSTORE_LISTEN_URL is
+    another deployment's (naming the Store's parameter), ``schema must not contain '.'`` for
+    a command given no --schema. (Refused before anything connects.)"""
+    for name in ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
+    given = {"sqlite": ["--url", sqlite_db.url], "pg": ["--url", PG_URL], None: []}[url]
+    capsys.readouterr()
+    assert main(["status", *given]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_a_value_given_on_the_command_line_is_refused_in_the_options_words(
+    sqlite_db: Target, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--listen-url with a SQLite --url names the option (was the store's parameter,
+    ``listen_url``); a value on the command line wins over its variable, which is then
+    neither used nor named."""
+    for name in ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    capsys.readouterr()
+    assert main(["status", "--url", sqlite_db.url, "--listen-url", PG_URL]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "alkstore: InvalidOptions: --listen-url is for PostgreSQL stores (SQLite wakes through its watcher)"
+    )
+    monkeypatch.setenv("ALKSTORE_SCHEMA", "a.b")
+    monkeypatch.setenv("ALKSTORE_DATABASE_URL", "not a url")
+    assert main(["status", "--url", sqlite_db.url, "--schema", "alkstore"]) == 0
+    assert main(["status", "--url", sqlite_db.url, "--schema", "x.y"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("alkstore: InvalidOptions: schema must not contain '.' ('x.y')")
 
 
 def test_migrate_refuses_an_empty_schema_on_postgresql(pg_db: Target, tmp_path: Path) -> None:
