@@ -16,7 +16,7 @@ import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -35,16 +35,22 @@ NO_PREPARE = {"prepare_threshold": None}  # isolates the listener tests from sta
 ASYNCPG_SETTINGS = {"prepared_statement_cache_size": 0, "statement_cache_size": 0}
 
 
-@pytest.fixture(scope="module")
-def bouncer(_pg_module_target: Target) -> Iterator[pgbouncer.Bouncer]:
+def _running(start: Callable[[], pgbouncer.Bouncer]) -> Iterator[pgbouncer.Bouncer]:
+    """A PgBouncer started by ``start`` for the fixture's scope (a failure under CI, where
+    it must be there; elsewhere a skip that says why)."""
     try:
-        started = pgbouncer.start()
+        started = start()
     except (FileNotFoundError, RuntimeError) as exc:
         if IN_CI:
             pytest.fail(f"PgBouncer is required under CI: {exc}")
         pytest.skip(str(exc))
     yield started
     started.stop()
+
+
+@pytest.fixture(scope="module")
+def bouncer(_pg_module_target: Target) -> Iterator[pgbouncer.Bouncer]:
+    yield from _running(pgbouncer.start)
 
 
 @pytest.fixture
@@ -301,14 +307,7 @@ ONE_SERVER_WAIT = 5
 
 @pytest.fixture(scope="module")
 def one_server_bouncer(_pg_module_target: Target) -> Iterator[pgbouncer.Bouncer]:
-    try:
-        started = pgbouncer.start_private(pool_size=1, query_wait_timeout=ONE_SERVER_WAIT)
-    except (FileNotFoundError, RuntimeError) as exc:
-        if IN_CI:
-            pytest.fail(f"PgBouncer is required under CI: {exc}")
-        pytest.skip(str(exc))
-    yield started
-    started.stop()
+    yield from _running(lambda: pgbouncer.start_private(pool_size=1, query_wait_timeout=ONE_SERVER_WAIT))
 
 
 @pytest.mark.parametrize("startup", ["check_schema", "install"])
