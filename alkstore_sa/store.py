@@ -143,6 +143,14 @@ class Store:
         if isinstance(listen_url, Engine):
             if listen_url.dialect.name != "postgresql":
                 raise InvalidOptions("listen_url must reach the same PostgreSQL database as the store")
+            if listen_url.dialect.driver != "psycopg" or listen_url.dialect.is_async:
+                # the listener speaks psycopg 3's connection (non-blocking, its pgconn): another
+                # driver's connection would fail at every reconnect, and listen() after 30 s
+                raise InvalidOptions(
+                    f"listen_url as an Engine must use psycopg 3 (postgresql+psycopg), not "
+                    f"{listen_url.dialect.name}+{listen_url.dialect.driver}: pass its URL instead "
+                    f"(the store connects the listener through psycopg 3)"
+                )
             return listen_url, False
         if isinstance(listen_url, (str, URL)):
             engine = engine_from_url(listen_url, poolclass=NullPool)

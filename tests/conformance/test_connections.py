@@ -126,7 +126,6 @@ def test_listen_url_is_refused_where_it_cannot_apply(tmp_path: Path) -> None:
         alk.Store(PG_URL, listen_url=f"sqlite:///{tmp_path / 'y.db'}")
 
 
-
 def test_a_listen_url_on_another_database_is_refused_at_the_schema_check(pg_db: Target, tmp_path: Path) -> None:
     """PostgreSQL delivers a NOTIFY to the sessions listening in *its* database: a
     ``listen_url`` naming another one (a typo in ``$ALKSTORE_LISTEN_URL``, a replica) gave
@@ -193,6 +192,28 @@ def test_a_listen_url_that_does_not_answer_keeps_no_one_waiting(
     finally:
         store.close()
         silent.close()
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "asyncpg", "psycopg_async"])
+def test_a_listen_url_engine_of_another_driver_is_refused_at_the_store(driver: str) -> None:
+    """The listener runs on psycopg 3's connection: a psycopg2 Engine (or an async engine's
+    sync facade) as ``listen_url`` is refused when the store is made, naming the fix —
+    not accepted, to fail at every reconnect and make ``listen()`` wait 30 s for an
+    AttributeError."""
+    require_pg()
+    url = sa.make_url(PG_URL).set(drivername=f"postgresql+{driver}")
+    if driver == "psycopg2":
+        listen_engine = sa.create_engine(url)
+    else:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        listen_engine = create_async_engine(url).sync_engine
+    with pytest.raises(alk.InvalidOptions, match=r"psycopg 3.*pass its URL"):
+        alk.Store(PG_URL, listen_url=listen_engine)
+    listen_engine.dispose()
+    # its URL is accepted: the store makes the listener's psycopg 3 engine from it
+    store = alk.Store(PG_URL, listen_url=url if driver == "psycopg2" else sa.make_url(PG_URL))
+    store.close()
 
 
 # -- pools that hand one connection to several checkouts ----------------------------------
