@@ -315,11 +315,15 @@ class Store:
             self.backend.notify(ex, params)
 
     def listen(self, channel: str) -> Subscription:
-        """Subscribe to ``channel``; listening when this returns."""
+        """Subscribe to ``channel``; listening when this returns. A ``listen_url`` that
+        reaches another database is refused here too (``InvalidOptions``): no other call of
+        the store's need come first, and a subscription there would never receive anything."""
         from .notify import Subscription
 
         self._check_open()
-        return Subscription(self, v.name(channel, "channel name", allow_reserved=True))
+        name = v.name(channel, "channel name", allow_reserved=True)
+        self._check_listen_database()
+        return Subscription(self, name)
 
     def hub(self) -> Any:
         """The store's one listener/watcher, started on first use (and again after a fork)."""

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
 from tests.conftest import require_pg
-from tests.support import PG_URL, Target
+from tests.support import PG_URL, WAIT, Target
 
 
 class Opened:
@@ -401,3 +401,27 @@ def test_a_store_made_while_the_app_holds_a_pooled_sqlite_connection_leaves_the_
         if store is not None:
             store.close()
         engine.dispose()
+
+
+def test_a_listen_url_reaching_another_database_is_refused_by_listen(pg_db: Target) -> None:
+    """NOTIFY is per database: a listener that ``listen_url`` sends to another database
+    than the store's hears nothing. ``store.listen()`` as the store's first call (no schema
+    check before it) returned a subscription that never received; it raises
+    ``InvalidOptions`` naming both databases. A ``listen_url`` spelled differently but
+    reaching the store's database works. (helper-109's finding and test.)"""
+    other = sa.make_url(PG_URL).set(database="postgres")
+    store = alk.Store(pg_db.engine, schema=pg_db.schema, listen_url=other)
+    try:
+        with pytest.raises(alk.InvalidOptions, match=r"listen_url reaches another database.*'postgres'"):
+            store.listen("misdirected")
+    finally:
+        store.close()
+    same = sa.make_url(PG_URL).set(host="localhost")  # another spelling, the same database
+    store = alk.Store(pg_db.engine, schema=pg_db.schema, listen_url=same)
+    try:
+        with store.listen("directed") as sub:
+            store.notify("directed", "heard")
+            note = sub.get(WAIT)
+            assert note is not None and note.payload == "heard"
+    finally:
+        store.close()
