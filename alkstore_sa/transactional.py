@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
+from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import InvalidRequestError, UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session
@@ -26,7 +27,7 @@ from ._rows import job_from_row
 from .errors import InvalidOptions
 from .model import Job
 from .queue import DEFAULT_OPTS, Queue, encode_all, enqueue_params
-from .schema import DEFAULT_SCHEMA
+from .schema import DEFAULT_SCHEMA, jobs, notifications, stream_events
 from .store import Store, _DefaultStore, store_for
 
 if TYPE_CHECKING:
@@ -35,6 +36,19 @@ if TYPE_CHECKING:
 SessionLike = Union[Session, "scoped_session[Any]", Connection]
 AsyncSessionLike = Union["AsyncSession", "async_scoped_session[Any]", "AsyncConnection"]
 T = TypeVar("T")
+
+# What each function asks the session's ``get_bind`` for, as the ``clause`` a statement of
+# its own would carry: a session that routes by statement (writes to a primary, reads to a
+# replica; ``binds`` keyed by table) sends each call where such a statement would go — the
+# writes never to a replica — instead of wherever a call with no context goes.
+_CLAUSES: dict[str, Any] = {
+    "enqueue": insert(jobs),
+    "enqueue_many": insert(jobs),
+    "outbox_enqueue": insert(jobs),
+    "publish": insert(stream_events),
+    "notify": insert(notifications),
+    "get_job": select(jobs),
+}
 
 
 def connection_of(session: SessionLike, function: str = "enqueue", owner: str = "alk") -> Connection:
@@ -73,7 +87,8 @@ def _connect(session: SessionLike, bind: Engine | Connection, function: str, own
     if isinstance(session, Connection):
         return session
     try:
-        return session.connection()
+        # the bind bind_of_caller checked, not a second get_bind() that may choose another
+        return session.connection(bind_arguments={"bind": bind})
     except Exception as exc:
         if _is_concurrent_use(exc):
             raise _concurrent_use(bind.dialect.is_async, session, function, owner) from exc
@@ -112,9 +127,11 @@ def _bind_of(
 ) -> Any:
     """The Engine or Connection the session runs on; InvalidOptions for a session bound to
     none (``session.connection()`` would raise SQLAlchemy's UnboundExecutionError). Binds
-    per mapper or table only say nothing either: these functions touch no mapped class."""
+    per mapper or table only say nothing either: these functions touch no mapped class.
+    The session's ``get_bind`` is asked with the clause of the call's statement
+    (``_CLAUSES``): a session that routes writes to a primary by it sends the call there."""
     try:
-        return session.get_bind()
+        return session.get_bind(clause=_CLAUSES.get(function.removeprefix("a")))
     except UnboundExecutionError:
         kind, conn = ("an AsyncSession", "an AsyncConnection (await ") if is_async else (
             f"a {type(session).__name__}", "a Connection (")
