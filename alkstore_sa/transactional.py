@@ -19,6 +19,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import InvalidRequestError, UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session
+from sqlalchemy.orm.session import SessionTransactionState
 from sqlalchemy.util.concurrency import in_greenlet
 
 from . import _validate as v
@@ -175,12 +176,32 @@ def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_asy
             "pass an open one, in the transaction the job is to join"
         )
     real = session() if isinstance(session, scoped_session) else session
+    if isinstance(real, Session) and _transaction_ended(real):
+        raise InvalidOptions(
+            f"{called} got {given} whose transaction has already committed (or been prepared "
+            "for a two-phase commit), as in an after_commit hook: there is no transaction left "
+            "for the job to join. Call it before the commit (in the transaction, or a "
+            "before_commit or after_flush hook): the job then commits with your rows. Nothing "
+            "was written by this call"
+        )
     if isinstance(real, Session) and not real.autobegin and not real.in_transaction():
         begin = "async with session.begin():" if is_async else "with session.begin():"
         raise InvalidOptions(
             f"{called} got {given} made with autobegin=False and no transaction begun: "
             f"call it inside `{begin}` (it joins your transaction, never begins one)"
         )
+
+
+def _transaction_ended(session: Session) -> bool:
+    """Whether the session's transaction has committed or been prepared, and not yet ended:
+    in an ``after_commit`` hook (or after ``prepare()``) no statement can join it, and
+    SQLAlchemy's refusal would come out as a DatabaseError, as if the database had refused
+    a statement."""
+    tx = session.get_transaction()
+    if tx is None or tx.is_active:
+        return False
+    state = getattr(tx, "_state", None)  # SessionTransactionState: no public accessor
+    return state in (SessionTransactionState.COMMITTED, SessionTransactionState.PREPARED)
 
 
 def _refuse_outside_run_sync(dialect: Any, session: object, function: str, owner: str = "alk") -> None:
