@@ -176,13 +176,13 @@ def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_asy
             "pass an open one, in the transaction the job is to join"
         )
     real = session() if isinstance(session, scoped_session) else session
-    if isinstance(real, Session) and _transaction_ended(real):
+    ended = _transaction_ended(real) if isinstance(real, Session) else None
+    if ended is not None:
         raise InvalidOptions(
-            f"{called} got {given} whose transaction has already committed (or been prepared "
-            "for a two-phase commit), as in an after_commit hook: there is no transaction left "
-            "for the job to join. Call it before the commit (in the transaction, or a "
-            "before_commit or after_flush hook): the job then commits with your rows. Nothing "
-            "was written by this call"
+            f"{called} got {given} whose transaction has already {ended}: there is no "
+            "transaction left for the job to join. Call it in the transaction, before its "
+            "commit (a before_commit or after_flush hook, if it must be a hook): the job then "
+            "commits with your rows. Nothing was written by this call"
         )
     if isinstance(real, Session) and not real.autobegin and not real.in_transaction():
         begin = "async with session.begin():" if is_async else "with session.begin():"
@@ -192,16 +192,24 @@ def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_asy
         )
 
 
-def _transaction_ended(session: Session) -> bool:
-    """Whether the session's transaction has committed or been prepared, and not yet ended:
-    in an ``after_commit`` hook (or after ``prepare()``) no statement can join it, and
-    SQLAlchemy's refusal would come out as a DatabaseError, as if the database had refused
-    a statement."""
+def _transaction_ended(session: Session) -> str | None:
+    """How the session's transaction has ended while it is still the session's (None if it
+    has not): committed or prepared (in an ``after_commit`` hook, after ``prepare()``), or
+    rolled back by a ``rollback()`` (in an ``after_rollback`` hook). No statement can join
+    it, and SQLAlchemy's refusal would come out as a DatabaseError, as if the database had
+    refused a statement. (A transaction a failed flush rolled back is not one of these: its
+    PendingRollbackError reports a database failure, and stays a DatabaseError.)"""
     tx = session.get_transaction()
     if tx is None or tx.is_active:
-        return False
+        return None
     state = getattr(tx, "_state", None)  # SessionTransactionState: no public accessor
-    return state in (SessionTransactionState.COMMITTED, SessionTransactionState.PREPARED)
+    if state is SessionTransactionState.COMMITTED:
+        return "committed (as in an after_commit hook)"
+    if state is SessionTransactionState.PREPARED:
+        return "been prepared for a two-phase commit"
+    if state is SessionTransactionState.DEACTIVE and getattr(tx, "_rollback_exception", None) is None:
+        return "been rolled back (as in an after_rollback hook)"
+    return None
 
 
 def _refuse_outside_run_sync(dialect: Any, session: object, function: str, owner: str = "alk") -> None:

@@ -1,5 +1,6 @@
 """The caller's-transaction functions called from a Session's ``after_commit`` hook (the
-"send it after the commit" habit of broker queues): there is no transaction left to join,
+"send it after the commit" habit of broker queues) or ``after_rollback`` hook: there is no
+transaction left to join,
 so ``InvalidOptions`` says so, and nothing is written — not a DatabaseError, as if the
 database had refused a statement."""
 
@@ -51,23 +52,26 @@ def _call(session: Any, call: str, qname: str) -> Any:
     return getattr(alk, call)(session, *args[call])
 
 
+@pytest.mark.parametrize("hook", ["after_commit", "after_rollback"])
 @pytest.mark.parametrize("call", CALLS)
-def test_a_call_in_an_after_commit_hook_is_refused(app_engine: sa.Engine, store: alk.Store, qname: str, call: str) -> None:
+def test_a_call_in_an_after_commit_or_after_rollback_hook_is_refused(
+    app_engine: sa.Engine, store: alk.Store, qname: str, call: str, hook: str
+) -> None:
     errors: list[BaseException] = []
     with Session(app_engine) as session:
 
-        @event.listens_for(session, "after_commit")
-        def after_commit(sess: Session) -> None:
+        def ended(sess: Session) -> None:
             try:
                 _call(sess, call, qname)
             except Exception as exc:  # noqa: BLE001 - the test looks at it
                 errors.append(exc)
 
+        event.listen(session, hook, ended)
         session.execute(sa.insert(rows).values(note="committed"))
-        session.commit()
+        session.commit() if hook == "after_commit" else session.rollback()
         assert len(errors) == 1 and type(errors[0]) is alk.InvalidOptions, errors
-        assert "after_commit" in str(errors[0]) and "Nothing was written" in str(errors[0])
-        event.remove(session, "after_commit", after_commit)
+        assert hook in str(errors[0]) and "Nothing was written" in str(errors[0])
+        event.remove(session, hook, ended)
         # the session carries on: its next transaction takes the call
         alk.enqueue(session, qname, "next")
         session.commit()
