@@ -130,16 +130,27 @@ def _bind_of(
     none (``session.connection()`` would raise SQLAlchemy's UnboundExecutionError). Binds
     per mapper or table only say nothing either: these functions touch no mapped class.
     The session's ``get_bind`` is asked with the clause of the call's statement
-    (``_CLAUSES``): a session that routes writes to a primary by it sends the call there."""
+    (``_CLAUSES``): a session that routes writes to a primary by it sends the call there.
+    A ``get_bind`` that cannot answer without a mapped class or a shard (a ``ShardedSession``
+    asserts it has a mapper; a custom one may read ``mapper.class_``) is refused the same way,
+    with its own error as the cause, rather than escaping as an AssertionError or
+    AttributeError."""
+    kind, conn = ("an AsyncSession", "an AsyncConnection (await ") if is_async else (
+        f"a {type(session).__name__}", "a Connection (")
     try:
         return session.get_bind(clause=_CLAUSES.get(function.removeprefix("a")))
     except UnboundExecutionError:
-        kind, conn = ("an AsyncSession", "an AsyncConnection (await ") if is_async else (
-            f"a {type(session).__name__}", "a Connection (")
         raise InvalidOptions(
             f"{owner}.{function} got {kind} with no bind: bind it to an engine, or pass {conn}"
             "session.connection(bind_arguments={'mapper': Model}))"
         ) from None
+    except Exception as exc:
+        raise InvalidOptions(
+            f"{owner}.{function} got {kind} whose get_bind() names no bind for a statement of no "
+            f"mapped class ({type(exc).__name__}: {exc}): pass {conn}"
+            "session.connection(bind_arguments={'mapper': Model}), or {'shard_id': ...} for a "
+            "ShardedSession) of the database that holds alkstore's tables. Nothing was written"
+        ) from exc
 
 
 def sync_given_to_async(session: SessionLike, called: str, instead: str) -> InvalidOptions:

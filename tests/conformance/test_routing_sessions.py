@@ -99,3 +99,47 @@ def test_an_async_routing_session_writes_to_the_primary(db: Target, store: alk.S
 
     ids = asyncio.run(scenario())
     assert [h.id for h in store.queue(qname).claim_batch("w", 10)] == ids
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many", "outbox_enqueue", "publish", "notify", "task"])
+def test_a_sharded_session_is_refused_with_invalid_options_and_its_shard_connection_works(
+    store: alk.Store, qname: str, call: str
+) -> None:
+    """A ShardedSession cannot name a shard for a statement of no mapped class (SQLAlchemy
+    asserts it has a mapper): InvalidOptions saying to pass the shard's Connection, not an
+    AssertionError; and that Connection takes the job in the session's transaction."""
+    from sqlalchemy.ext.horizontal_shard import ShardedSession
+
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname)
+    def job(x: int) -> None: ...
+
+    def write(target: Any) -> None:
+        if call == "task":
+            job.enqueue(target, 1)
+            return
+        args: dict[str, tuple[Any, ...]] = {
+            "enqueue": (qname, 1), "enqueue_many": (qname, [1]), "outbox_enqueue": (qname, 1),
+            "publish": (qname, 1), "notify": (qname, "hi"),
+        }
+        getattr(alk, call)(target, *args[call])
+
+    session = ShardedSession(
+        shards={"east": store.engine},
+        shard_chooser=lambda mapper, instance, **kw: "east",
+        identity_chooser=lambda *args, **kw: ["east"],
+        execute_chooser=lambda context: ["east"],
+    )
+    with session:
+        with pytest.raises(alk.InvalidOptions, match="shard_id") as info:
+            write(session)
+        assert isinstance(info.value.__cause__, AssertionError)
+        write(session.connection(bind_arguments={"shard_id": "east"}))
+        session.commit()
+    if call == "task" or call.startswith("enqueue"):
+        assert store.queue(qname).stats().pending == 1
+    elif call == "outbox_enqueue":
+        assert store.outbox(qname).queue.stats().pending == 1
+    elif call == "publish":
+        assert len(store.stream(qname).read(0, 10)) == 1
