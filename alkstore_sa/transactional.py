@@ -137,8 +137,10 @@ def _bind_of(
     AttributeError."""
     kind, conn = ("an AsyncSession", "an AsyncConnection (await ") if is_async else (
         f"a {type(session).__name__}", "a Connection (")
+    # a scoped_session's own scope (Flask-SQLAlchemy's app context) raises as it raises
+    real = session() if isinstance(session, scoped_session) else session
     try:
-        return session.get_bind(clause=_CLAUSES.get(function.removeprefix("a")))
+        return real.get_bind(clause=_CLAUSES.get(function.removeprefix("a")))
     except UnboundExecutionError:
         raise InvalidOptions(
             f"{owner}.{function} got {kind} with no bind: bind it to an engine, or pass {conn}"
