@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import InvalidRequestError, UnboundExecutionError
+from sqlalchemy.exc import InvalidRequestError, PendingRollbackError, UnboundExecutionError
 from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.orm.session import SessionTransactionState
 from sqlalchemy.util.concurrency import in_greenlet
@@ -93,6 +93,14 @@ def _connect(session: SessionLike, bind: Engine | Connection, function: str, own
     except Exception as exc:
         if _is_concurrent_use(exc):
             raise _concurrent_use(bind.dialect.is_async, session, function, owner) from exc
+        if isinstance(exc, InvalidRequestError) and not isinstance(exc, PendingRollbackError):
+            # SQLAlchemy refusing the session's state, not the database refusing anything
+            # (a transaction a rollback() closed inside its `with session.begin():` block, ...)
+            called = f"{owner}.{'a' if bind.dialect.is_async else ''}{function}"
+            raise InvalidOptions(
+                f"{called} got a session that cannot run a statement now ({exc}): call it in an "
+                "open transaction of the session. Nothing was written by this call"
+            ) from exc
         # the session's own checkout or begin failed (server down, a pool with none to
         # spare, a transaction SQLAlchemy wants rolled back): an AlkstoreError as well
         raise backend_for(bind.dialect.name, DEFAULT_SCHEMA).translate_error(exc) from exc

@@ -106,3 +106,21 @@ def test_a_call_in_an_async_sessions_after_commit_hook_is_refused(db: Target, st
     assert len(errors) == 1 and type(errors[0]) is alk.InvalidOptions, errors
     assert store.queue(qname).stats().pending == 1
 
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_a_call_after_a_rollback_inside_a_begin_block_is_refused(
+    app_engine: sa.Engine, store: alk.Store, qname: str, call: str
+) -> None:
+    """``session.rollback()`` inside ``with session.begin():`` closes the block's transaction;
+    SQLAlchemy then refuses any statement until the block ends. That is the session's state,
+    not a database failure: InvalidOptions, nothing written."""
+    with Session(app_engine) as session, session.begin():
+        session.execute(sa.insert(rows).values(note="rolled back"))
+        session.rollback()
+        with pytest.raises(alk.InvalidOptions, match="Nothing was written") as info:
+            _call(session, call, qname)
+        assert not isinstance(info.value, sa.exc.SQLAlchemyError)
+    assert store.queue(qname).stats().pending == 0
+    assert store.outbox(qname).queue.stats().pending == 0
+    assert store.stream(qname).read(0, 10) == []
