@@ -215,19 +215,18 @@ def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_asy
 
 def _transaction_ended(session: Session) -> str | None:
     """How the session's transaction has ended while it is still the session's (None if it
-    has not): committed or prepared (in an ``after_commit`` hook, after ``prepare()``), or
-    rolled back by a ``rollback()`` (in an ``after_rollback`` hook). No statement can join
-    it, and SQLAlchemy's refusal would come out as a DatabaseError, as if the database had
-    refused a statement. (A transaction a failed flush rolled back is not one of these: its
-    PendingRollbackError reports a database failure, and stays a DatabaseError.)"""
+    has not): committed (in an ``after_commit`` hook), or rolled back by a ``rollback()``
+    (in an ``after_rollback`` hook). No statement can join it, and the refusal can say why.
+    (A transaction a failed flush rolled back is not one of these: its PendingRollbackError
+    reports a database failure, and stays a DatabaseError. Other states SQLAlchemy refuses
+    statements in, such as a two-phase transaction after ``prepare()``, are refused in
+    ``_connect``.)"""
     tx = session.get_transaction()
     if tx is None or tx.is_active:
         return None
     state = getattr(tx, "_state", None)  # SessionTransactionState: no public accessor
     if state is SessionTransactionState.COMMITTED:
         return "committed (as in an after_commit hook)"
-    if state is SessionTransactionState.PREPARED:
-        return "been prepared for a two-phase commit"
     if state is SessionTransactionState.DEACTIVE and getattr(tx, "_rollback_exception", None) is None:
         return "been rolled back (as in an after_rollback hook)"
     return None
