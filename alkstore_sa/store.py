@@ -464,7 +464,7 @@ class Store:
             log.debug("alkstore could not check listen_url's database now (%s)", exc)
             return
         self._listen_reading = None
-        if theirs != self._own_identity(fresh=False) and theirs != self._own_identity(fresh=True):
+        if not self._is_own_database(theirs):
             own = self._own_identity(fresh=False)
             assert self._listen_engine is not None
             raise InvalidOptions(
@@ -525,7 +525,7 @@ class Store:
     def _check_same_database(self, ex: SessionExecutor, root: Engine) -> None:
         theirs = ex.backend.database_identity(ex)
         try:
-            same = theirs == self._own_identity(fresh=False) or theirs == self._own_identity(fresh=True)
+            same = self._is_own_database(theirs)
         except DatabaseError as exc:
             # the store's side is read on a second connection while the caller's transaction
             # holds one: behind a transaction pooler whose server connections are all held
@@ -548,6 +548,11 @@ class Store:
                 f"the session's own database"
             )
         self._same_database.add(root)
+
+    def _is_own_database(self, theirs: tuple[Any, ...]) -> bool:
+        """Whether ``theirs`` (a ``database_identity``) names the store's database: as last
+        read, or as read afresh (the server restarted since that reading)."""
+        return theirs == self._own_identity(fresh=False) or theirs == self._own_identity(fresh=True)
 
     def _own_identity(self, *, fresh: bool) -> tuple[Any, ...]:
         """The store's database as ``database_identity`` names it, read on one of the store's
