@@ -359,7 +359,7 @@ def encode_sized(payload: object, max_bytes: int) -> tuple[str, int]:
 # SQLITE_MAX_LENGTH of 10^9 bytes): beyond it the server refused the statement, or ended the
 # connection, after the whole batch had been built and sent. The drivers' quoting makes the
 # value up to twice the texts' size (psycopg's text array: a backslash before each quote and
-# backslash) or three times it (SQLite's JSON array: \uXXXX for each non-ASCII character),
+# backslash) or three times it (SQLite's JSON array: a six-character \u escape for each non-ASCII character),
 # plus a few bytes a payload (asyncpg's length words, PostgreSQL's array slots): 256 MiB
 # keeps every driver's value well inside the limit.
 MAX_BATCH_BYTES = 256 << 20
