@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,20 @@ class Target:
     def execute(self, sql: str, **params: object) -> None:
         with self.engine.begin() as c:
             c.execute(sa.text(sql), params)
+
+
+def engine_with_table(db: Target, table: sa.Table) -> Iterator[sa.Engine]:
+    """For an ``app_engine`` fixture: the application's engine with its own ``table`` next to
+    alkstore's (on PostgreSQL in the test's schema, so parallel runs never share it), emptied
+    afterwards. An ``Engine.execution_options()`` copy on PostgreSQL: the store registered
+    for ``db.engine`` must still be found through it."""
+    engine = db.engine
+    if db.kind == "postgresql":
+        engine = engine.execution_options(schema_translate_map={None: db.schema})
+    table.create(engine, checkfirst=True)
+    yield engine
+    with engine.begin() as c:
+        c.execute(sa.delete(table))
 
 
 def pg_available() -> str | None:

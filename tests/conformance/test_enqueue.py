@@ -16,7 +16,7 @@ from sqlalchemy.orm import (
 )
 
 import alkstore_sa as alk
-from tests.support import FakeClock, Target
+from tests.support import FakeClock, Target, engine_with_table
 
 
 class Base(DeclarativeBase):
@@ -34,13 +34,7 @@ def app_engine(db: Target):
     """The application's engine with its own table next to alkstore's (on PostgreSQL in the
     test's schema, so parallel runs never share it). It is an Engine.execution_options()
     copy: the store registered for db.engine must still be found through it."""
-    engine = db.engine
-    if db.kind == "postgresql":
-        engine = engine.execution_options(schema_translate_map={None: db.schema})
-    Order.__table__.create(engine, checkfirst=True)  # type: ignore[attr-defined]
-    yield engine
-    with engine.begin() as c:
-        c.execute(sa.delete(Order.__table__))  # type: ignore[arg-type]
+    yield from engine_with_table(db, Order.__table__)
 
 
 def _ts(clock: FakeClock, offset: float = 0.0) -> datetime:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import alkstore_sa as alk
-from tests.support import Target
+from tests.support import Target, engine_with_table
 
 rows = sa.Table("test_target_rows", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("note", sa.Text))
 
@@ -20,13 +20,7 @@ rows = sa.Table("test_target_rows", sa.MetaData(), sa.Column("id", sa.Integer, p
 @pytest.fixture
 def app_engine(db: Target) -> Iterator[sa.Engine]:
     """The app's engine; on PostgreSQL its table lives in the test's schema."""
-    engine = db.engine
-    if db.kind == "postgresql":
-        engine = engine.execution_options(schema_translate_map={None: db.schema})
-    rows.create(engine, checkfirst=True)
-    yield engine
-    with engine.begin() as conn:
-        conn.execute(sa.delete(rows))
+    yield from engine_with_table(db, rows)
 
 
 def _notes(engine: sa.Engine) -> list[str]:

@@ -16,7 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 import alkstore_sa as alk
-from tests.support import Target
+from tests.support import Target, engine_with_table
 
 rows = sa.Table(
     "test_hook_rows", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("note", sa.Text, unique=True)
@@ -25,13 +25,7 @@ rows = sa.Table(
 
 @pytest.fixture
 def app_engine(db: Target) -> Iterator[sa.Engine]:
-    engine = db.engine
-    if db.kind == "postgresql":
-        engine = engine.execution_options(schema_translate_map={None: db.schema})
-    rows.create(engine, checkfirst=True)
-    yield engine
-    with engine.begin() as conn:
-        conn.execute(sa.delete(rows))
+    yield from engine_with_table(db, rows)
 
 
 CALLS = ["enqueue", "enqueue_many", "outbox_enqueue", "publish", "notify", "get_job", "task"]

@@ -33,7 +33,7 @@ from sqlalchemy.orm import (
 import alkstore_sa as alk
 from alkstore_sa import _current
 from alkstore_sa.tasks import NotATaskPayload, UnknownTask
-from tests.support import FakeClock, Target, sqlite_target
+from tests.support import FakeClock, Target, engine_with_table, sqlite_target
 
 
 class Base(DeclarativeBase):
@@ -50,13 +50,7 @@ class Order(Base):
 def app_engine(db: Target) -> Iterator[sa.Engine]:
     """The application's engine with an ORM table next to alkstore's (on PostgreSQL in the
     test module's schema)."""
-    engine = db.engine
-    if db.kind == "postgresql":
-        engine = engine.execution_options(schema_translate_map={None: db.schema})
-    Order.__table__.create(engine, checkfirst=True)  # type: ignore[attr-defined]
-    yield engine
-    with engine.begin() as c:
-        c.execute(sa.delete(Order.__table__))  # type: ignore[arg-type]
+    yield from engine_with_table(db, Order.__table__)
 
 
 def _notes(engine: sa.Engine) -> list[str]:
