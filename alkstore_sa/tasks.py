@@ -15,12 +15,12 @@ import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Generic, ParamSpec, TypeVar, Union, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Union, cast, overload
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import Session, scoped_session
 
 from . import _validate as v
+from ._orm import is_session_like
 from .errors import AlkstoreError, InvalidOptions, InvalidSpec, PayloadError
 from .queue import Queue, QueueOpts
 from .store import Store, store_for
@@ -32,10 +32,13 @@ from .transactional import (
     sync_given_to_async,
 )
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, scoped_session
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
-EnqueueTarget = Union[Store, Session, "scoped_session[Any]", Connection]
+EnqueueTarget = Union[Store, "Session", "scoped_session[Any]", Connection]
 _ACCEPTED = "a Store (its own transaction) or a Session, scoped_session or Connection (your transaction)"
 _ACCEPTED_ASYNC = (
     "an AsyncSession, async_scoped_session or AsyncConnection (your transaction) "
@@ -121,7 +124,7 @@ class TaskCall(Generic[P]):
         joins that transaction and is never committed here)."""
         task = self.task
         own = isinstance(target, Store)
-        if not own and not isinstance(target, (Session, scoped_session, Connection)):
+        if not own and not (isinstance(target, Connection) or is_session_like(target)):
             raise _wrong_target(target)
         payload = task._payload(args, kwargs)
         o = self.options
@@ -143,7 +146,7 @@ class TaskCall(Generic[P]):
         a worker thread (its own transaction)."""
         if isinstance(session, Store):
             return await asyncio.to_thread(self.enqueue, session, *args, **kwargs)
-        if isinstance(session, (Session, scoped_session, Connection)):
+        if isinstance(session, Connection) or is_session_like(session):
             raise sync_given_to_async(session, "task.aenqueue", "task.enqueue(session, ...) without await")
         if not is_async_session(session):
             raise InvalidOptions(f"aenqueue() takes {_ACCEPTED_ASYNC}, got {type(session).__name__}")

@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union
 from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import InvalidRequestError, PendingRollbackError, UnboundExecutionError
-from sqlalchemy.orm import Session, scoped_session
-from sqlalchemy.orm.session import SessionTransactionState
 from sqlalchemy.util.concurrency import in_greenlet
 
 from . import _validate as v
 from ._backends import backend_for
+from ._orm import is_scoped_session, is_session, is_session_like
 from ._rows import job_from_row
 from .errors import InvalidOptions
 from .model import Job
@@ -33,8 +32,9 @@ from .store import Store, _DefaultStore, store_for
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+    from sqlalchemy.orm import Session, scoped_session
 
-SessionLike = Union[Session, "scoped_session[Any]", Connection]
+SessionLike = Union["Session", "scoped_session[Any]", Connection]
 AsyncSessionLike = Union["AsyncSession", "async_scoped_session[Any]", "AsyncConnection"]
 T = TypeVar("T")
 
@@ -68,7 +68,7 @@ def bind_of_caller(session: SessionLike, function: str = "enqueue", owner: str =
         _refuse_outside_run_sync(session.dialect, session, function, owner)
         _refuse_unusable(session, session, f"{owner}.{function}", "a Connection")
         return session
-    if isinstance(session, (Session, scoped_session)):
+    if is_session_like(session):
         bind = _bind_of(session, function, owner=owner)
         _refuse_outside_run_sync(bind.dialect, session, function, owner)  # before any I/O
         _refuse_unusable(session, bind, f"{owner}.{function}", f"a {type(session).__name__}")
@@ -146,7 +146,7 @@ def _bind_of(
     kind, conn = ("an AsyncSession", "an AsyncConnection (await ") if is_async else (
         f"a {type(session).__name__}", "a Connection (")
     # a scoped_session's own scope (Flask-SQLAlchemy's app context) raises as it raises
-    real = session() if isinstance(session, scoped_session) else session
+    real = session() if is_scoped_session(session) else session
     try:
         return real.get_bind(clause=_CLAUSES.get(function.removeprefix("a")))
     except UnboundExecutionError:
@@ -196,8 +196,8 @@ def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_asy
             f"{called} got {given} {'that is closed' if own else 'bound to a closed Connection'}: "
             "pass an open one, in the transaction the job is to join"
         )
-    real = session() if isinstance(session, scoped_session) else session
-    ended = _transaction_ended(real) if isinstance(real, Session) else None
+    real = session() if is_scoped_session(session) else session
+    ended = _transaction_ended(real) if is_session(real) else None
     if ended is not None:
         raise InvalidOptions(
             f"{called} got {given} whose transaction has already {ended}: there is no "
@@ -205,7 +205,7 @@ def _refuse_unusable(session: Any, bind: Any, called: str, given: str, *, is_asy
             "commit (a before_commit or after_flush hook, if it must be a hook): the job then "
             "commits with your rows. Nothing was written by this call"
         )
-    if isinstance(real, Session) and not real.autobegin and not real.in_transaction():
+    if is_session(real) and not real.autobegin and not real.in_transaction():
         begin = "async with session.begin():" if is_async else "with session.begin():"
         raise InvalidOptions(
             f"{called} got {given} made with autobegin=False and no transaction begun: "
@@ -221,6 +221,8 @@ def _transaction_ended(session: Session) -> str | None:
     reports a database failure, and stays a DatabaseError. Other states SQLAlchemy refuses
     statements in, such as a two-phase transaction after ``prepare()``, are refused in
     ``_connect``.)"""
+    from sqlalchemy.orm.session import SessionTransactionState  # the caller has the ORM
+
     tx = session.get_transaction()
     if tx is None or tx.is_active:
         return None
@@ -275,7 +277,7 @@ async def run_in_async_transaction(
         _refuse_unusable(sync, sync, called, "an AsyncConnection", is_async=True)
     if isinstance(session, (AsyncSession, AsyncConnection)):
         return await session.run_sync(fn, *args, **kw)
-    if isinstance(session, (Session, scoped_session, Connection)):
+    if isinstance(session, Connection) or is_session_like(session):
         raise sync_given_to_async(session, called, f"`alk.{function}(...)` (no await)")
     raise InvalidOptions(
         f"alk.a{function} expected an AsyncSession, async_scoped_session or AsyncConnection, "
