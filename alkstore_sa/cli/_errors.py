@@ -116,10 +116,11 @@ def _database_message(exc: BaseException, args: argparse.Namespace | None) -> st
             )
         return f"cannot connect to the database{where}: {text} (check {check} and that the server is running)"
     if sqlstate == "42501":  # insufficient_privilege
-        return (
-            f"the database refused: {text} (run this as a role with that privilege, e.g. the "
-            f"owner of the database or schema)"
-        )
+        if getattr(args, "command", None) == "migrate":
+            advice = "run this as a role with that privilege, e.g. the owner of the database or schema"
+        else:  # the application's role needs grants, not the owner's rights
+            advice = 'grant this role the runtime GRANTs of docs/install.md, "A runtime role"'
+        return f"the database refused: {text} ({advice})"
     if isinstance(exc, DatabaseError) and orig is not exc and not str(exc).startswith(f"{type(orig).__name__}:"):
         # alkstore said what it was doing and what to do (the migrations do): keep that
         return f"database error: {one_line(exc)}"

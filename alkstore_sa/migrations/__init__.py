@@ -318,16 +318,28 @@ def _beyond_this_library(current: str) -> None:
     raise SchemaTooNew(too_new_message(current))
 
 
-def _driver_error(what: str, exc: BaseException) -> DatabaseError:
-    """``exc`` (SQLAlchemy's wrapper, or a driver's own exception) as a DatabaseError."""
+# What a role refused a privilege (SQLSTATE 42501) lacks, by what it was doing: changing the
+# schema needs the owner's rights; reading what is installed (every store, worker and command
+# checks the version first) needs only the runtime GRANTs, and a migrate would not help.
+MIGRATE_RIGHTS = (
+    "this role lacks the rights to migrate: run `alkstore migrate` as the role that owns the "
+    "alkstore schema, or one with CREATE on the database; application roles need only the "
+    "runtime GRANTs of docs/install.md"
+)
+READ_RIGHTS = (
+    "this role may not read alkstore's tables: grant it the runtime GRANTs of docs/install.md "
+    "(\"A runtime role\": USAGE on the schema, SELECT, INSERT, UPDATE, DELETE on its tables, "
+    "USAGE, SELECT on its sequences)"
+)
+
+
+def _driver_error(what: str, exc: BaseException, rights: str = MIGRATE_RIGHTS) -> DatabaseError:
+    """``exc`` (SQLAlchemy's wrapper, or a driver's own exception) as a DatabaseError; a
+    refused privilege says what to grant (``rights``)."""
     orig = getattr(exc, "orig", None) or exc
     message = f"{what}: {type(orig).__name__}: {' '.join(str(orig).split())}"
     if getattr(orig, "sqlstate", None) == "42501":  # insufficient_privilege
-        message += (
-            " (this role lacks the rights to migrate: run `alkstore migrate` as the role that "
-            "owns the alkstore schema, or one with CREATE on the database; application roles "
-            "need only the runtime GRANTs of docs/install.md)"
-        )
+        message += f" ({rights})"
     return DatabaseError(message, orig=orig)
 
 
@@ -355,7 +367,7 @@ def current_revision(connection: Connection, schema: str = DEFAULT_SCHEMA) -> st
             return None
         rows = connection.execute(sa.select(_version_table(connection, schema).c.version_num)).scalars().all()
     except sa.exc.DBAPIError as exc:
-        raise _driver_error("could not read the alkstore schema version", exc) from exc
+        raise _driver_error("could not read the alkstore schema version", exc, READ_RIGHTS) from exc
     if len(rows) > 1:
         raise DatabaseError(f"the alkstore version table records several revisions: {sorted(rows)}")
     return rows[0] if rows else None
@@ -371,7 +383,7 @@ def _check_tables(connection: Connection, schema: str, current: str) -> None:
     try:
         missing = sorted(t.name for t in metadata.tables.values() if not _has_table(connection, schema, t.name))
     except sa.exc.DBAPIError as exc:
-        raise _driver_error("could not read the alkstore schema", exc) from exc
+        raise _driver_error("could not read the alkstore schema", exc, READ_RIGHTS) from exc
     connection.rollback()
     if missing:
         raise DatabaseError(
@@ -389,7 +401,7 @@ def has_version_table(connection: Connection, schema: str = DEFAULT_SCHEMA) -> b
     try:
         return _has_table(connection, schema, VERSION_TABLE)
     except sa.exc.DBAPIError as exc:
-        raise _driver_error("could not read the alkstore schema version", exc) from exc
+        raise _driver_error("could not read the alkstore schema version", exc, READ_RIGHTS) from exc
 
 
 def _has_table(connection: Connection, schema: str, table: str) -> bool:
@@ -406,7 +418,7 @@ def unrecorded_tables(connection: Connection, schema: str) -> str | None:
         if not _has_table(connection, schema, "alkstore_jobs"):
             return None
     except sa.exc.DBAPIError as exc:
-        raise _driver_error("could not read the alkstore schema", exc) from exc
+        raise _driver_error("could not read the alkstore schema", exc, READ_RIGHTS) from exc
     where = "" if connection.dialect.name == "sqlite" else f" (schema {schema!r})"
     return (
         f"alkstore's tables are in this database{where} but no version is recorded for them "
@@ -433,7 +445,7 @@ def _installed_elsewhere(connection: Connection, schema: str) -> str:
     try:
         found = [s for s in connection.execute(_PG_INSTALLED_SCHEMAS).scalars() if s != schema]
     except sa.exc.DBAPIError as exc:
-        raise _driver_error("could not read the alkstore schema", exc) from exc
+        raise _driver_error("could not read the alkstore schema", exc, READ_RIGHTS) from exc
     if not found:
         return ""
     named = ", ".join(repr(s) for s in found[:3]) + (", ..." if len(found) > 3 else "")

@@ -171,3 +171,53 @@ def test_tables_a_later_migration_adds_are_granted_by_default(runtime: Runtime) 
         c.rollback()
         with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
             c.exec_driver_sql(f"UPDATE \"{runtime.schema}\".alkstore_alembic_version SET version_num = 'x'")
+
+
+def _revoke(runtime: Runtime, statement: str) -> None:
+    with runtime.admin.begin() as c:
+        c.exec_driver_sql(statement.format(schema=f'"{runtime.schema}"', role=f'"{runtime.role}"'))
+
+
+@pytest.mark.parametrize(
+    "revoke",
+    [
+        "REVOKE USAGE ON SCHEMA {schema} FROM {role}",
+        "REVOKE SELECT ON {schema}.alkstore_alembic_version FROM {role}",
+    ],
+    ids=["schema-usage", "version-select"],
+)
+def test_a_runtime_role_missing_a_grant_is_told_which_grants_not_to_migrate(runtime: Runtime, revoke: str) -> None:
+    """A role without the runtime GRANTs (a DBA forgot one) cannot read the schema version
+    every store and worker checks first: the error says what was refused and points to the
+    runtime GRANTs, not to migrating (the database is at head: a migrate would not help) nor
+    to running the application as the schema's owner."""
+    _revoke(runtime, revoke)
+    with alk.Store(runtime.engine, schema=runtime.schema) as store:
+        with pytest.raises(alk.DatabaseError) as info:
+            store.queue("q").enqueue({})
+        with pytest.raises(alk.DatabaseError) as worker_info:
+            alk.Worker(store, store.queue("q"), lambda job: None).run(burst=True)
+    for message in (str(info.value), str(worker_info.value)):
+        assert "permission denied" in message and "runtime GRANTs" in message, message
+        assert "alkstore migrate" not in message and "lacks the rights to migrate" not in message, message
+    res = subprocess.run(
+        [str(ALKSTORE), "status", "--url", runtime.url, "--schema", runtime.schema],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = res.stderr.strip()
+    assert "permission denied" in line and "runtime GRANTs" in line, line
+    assert "owner" not in line.split("permission denied", 1)[1], line
+
+
+def test_a_runtime_role_missing_a_table_grant_is_told_which_grants(runtime: Runtime) -> None:
+    """A table a later step added without the default privileges reaching this role (the
+    migrations ran as another role): the CLI names the table and the runtime GRANTs."""
+    _revoke(runtime, "REVOKE ALL ON {schema}.alkstore_workers FROM {role}")
+    res = subprocess.run(
+        [str(ALKSTORE), "status", "--url", runtime.url, "--schema", runtime.schema],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = res.stderr.strip()
+    assert "permission denied for table alkstore_workers" in line and "runtime GRANTs" in line, line
