@@ -1,7 +1,8 @@
 """Telling a database that cannot be reached (down, wrong host or port, refused login, no
 such database or file) from a database that refused a statement: the operator tools
-answer the first with one line saying so (the CLI's exit 1, the dashboard's 503), and keep
-the traceback for the rest, which may be bugs."""
+answer the first (and a database that refused the role: ``refusal_advice``) with one line
+saying so (the CLI's exit 1, the dashboard's 503), and keep the traceback for the rest,
+which may be bugs."""
 
 from __future__ import annotations
 
@@ -46,3 +47,27 @@ def _is_connect_timeout(orig: object) -> bool:
     errors = sys.modules.get("psycopg.errors")
     timeout = getattr(errors, "ConnectionTimeout", None)
     return timeout is not None and isinstance(orig, timeout)
+
+
+# The database refused the role something it may not do: a privilege it was not granted
+# (insufficient_privilege), or a write in a read-only session (read_only_sql_transaction: a
+# role's default_transaction_read_only, a standby). The role's configuration, not a bug.
+PRIVILEGE_REFUSED = "42501"
+READ_ONLY_REFUSED = "25006"
+
+
+def refusal_advice(exc: BaseException) -> str | None:
+    """For a database that refused the role (above), what to change, for the dashboard's
+    page; None for any other error. SQLite's read-only file (SQLITE_READONLY) is the
+    second kind."""
+    orig = driver_error(exc)
+    sqlstate = str(getattr(orig, "sqlstate", None) or "")
+    if sqlstate == PRIVILEGE_REFUSED:
+        return (
+            'grant this role the runtime GRANTs of docs/install.md ("A runtime role"); a role '
+            "that may only read serves a read-only dashboard (read_only=True, --read-only)"
+        )
+    code = getattr(orig, "sqlite_errorcode", None)
+    if sqlstate == READ_ONLY_REFUSED or (isinstance(code, int) and code & 0xFF == 8):  # SQLITE_READONLY
+        return "this database is read-only to this process: serve a read-only dashboard (read_only=True, --read-only)"
+    return None

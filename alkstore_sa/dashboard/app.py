@@ -11,7 +11,7 @@ from collections.abc import Callable
 from importlib import resources
 
 from .. import _validate as v
-from .._unreachable import driver_error, is_connect_failure
+from .._unreachable import driver_error, is_connect_failure, refusal_advice
 from ..errors import DatabaseError, InvalidName, InvalidOptions, NotInstalled, SchemaTooNew
 from ..store import Store
 from . import actions, inventory, jobs, queues
@@ -91,6 +91,14 @@ class Dashboard:
             log.error("dashboard: %s %s: %s", request.method, request.root + request.path, exc)
             return error_page(request, 503, str(exc))
         except DatabaseError as exc:
+            advice = refusal_advice(exc)
+            if advice is not None:
+                # the role's grants or a read-only database, not a bug: one line, and the
+                # page says what was refused and what to change
+                orig = driver_error(exc)
+                text = f"the database refused: {' '.join(str(orig).split())} ({advice})"
+                log.error("dashboard: %s %s: %s", request.method, request.root + request.path, text)
+                return error_page(request, 503, text)
             if not is_connect_failure(exc):
                 return _internal_error(request)
             # an outage, not a bug: one line per request (an open queues page polls every

@@ -837,7 +837,8 @@ def test_a_database_that_cannot_be_reached_is_a_503_not_an_internal_error(
 ) -> None:
     """A database outage answers 503 saying the database cannot be reached, logged as one
     line: an open queues page polls every few seconds, and a traceback per poll would bury
-    the log. Other database errors stay 500s with their traceback (they may be bugs).
+    the log. Other database errors (but a refused privilege, below) stay 500s with their
+    traceback (they may be bugs).
     ``refused``: nothing listens where the URL points. ``timeout``: a server that never
     answers, given up on by the URL's connect_timeout as the docs advise (was a 500 and a
     traceback per request: psycopg's ConnectionTimeout was not taken for an outage)."""
@@ -865,6 +866,87 @@ def _unreachable_pages(kind: str, url: str, caplog: pytest.LogCaptureFixture) ->
                 assert "cannot be reached" in text and "internal error" not in text, (path, text)
         assert caplog.records and all(rec.exc_info is None for rec in caplog.records)
         assert "cannot be reached" in caplog.records[0].getMessage()
+    finally:
+        b.close()
+        store.close()
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_role_refused_a_privilege_is_a_clear_503_not_an_internal_error(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dashboard served by a role that may not do what a page or an action asks (a
+    monitoring role granted SELECT only, with actions left on; a table a later schema step
+    added that the role was never granted) answers 503 naming what the database refused and
+    what to grant or switch off, logged as one line: the role's configuration, not a bug, and
+    an open queues page polls every few seconds (it was a 500 "internal error" and a
+    traceback per request)."""
+    require_pg()
+    import uuid
+
+    from alkstore_sa import migrations
+
+    schema, role = new_pg_schema("dashrole"), f"alk_dash_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_URL)
+    migrations.upgrade(admin, schema=schema)
+    with admin.begin() as c:
+        c.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+        c.exec_driver_sql(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        c.exec_driver_sql(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        c.exec_driver_sql(f'REVOKE SELECT ON "{schema}".alkstore_workers FROM "{role}"')
+    with alk.Store(admin, schema=schema) as owner:
+        owner.queue("q").enqueue(1)
+    url = sa.make_url(PG_URL).set(username=role).render_as_string(hide_password=False)
+    store = alk.Store(url, schema=schema)
+    b = make_browser(kind, store)
+    try:
+        with caplog.at_level(logging.ERROR, logger="alkstore_sa.dashboard"):
+            assert b.get("/queues/q").status == 200  # reading what it was granted works
+            r = b.get("/workers")
+            assert r.status == 503, r.status
+            text = html.unescape(r.text)
+            assert "permission denied for table alkstore_workers" in text and "internal error" not in text, text
+            assert "runtime GRANTs" in text, text
+            r = b.post("/queues/q/pause", {"csrf_token": b.get("/").token()})
+            assert r.status == 503, r.status
+            text = html.unescape(r.text)
+            assert "permission denied for table alkstore_queue_settings" in text, text
+            assert "read_only" in text, text
+        assert len(caplog.records) == 2 and all(rec.exc_info is None for rec in caplog.records), caplog.records
+        assert "permission denied" in caplog.records[0].getMessage()
+        with alk.Store(admin, schema=schema) as owner:
+            assert owner.queue("q").settings().paused is False  # nothing written
+    finally:
+        b.close()
+        store.close()
+        with admin.begin() as c:
+            c.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+            c.exec_driver_sql(f'DROP OWNED BY "{role}"')
+            c.exec_driver_sql(f'DROP ROLE "{role}"')
+        admin.dispose()
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_an_action_on_a_sqlite_file_opened_read_only_is_a_clear_503(
+    kind: str, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite's counterpart: the dashboard's store opened the file read-only (mode=ro). The
+    pages read; an action answers 503 saying the database is read-only and to serve a
+    read-only dashboard, logged as one line (was a 500 and a traceback)."""
+    path = tmp_path / "app.db"
+    with alk.Store(f"sqlite:///{path}") as owner:
+        owner.install()
+        owner.queue("q").enqueue(1)
+    store = alk.Store(f"sqlite:///file:{path}?mode=ro&uri=true")
+    b = make_browser(kind, store)
+    try:
+        with caplog.at_level(logging.ERROR, logger="alkstore_sa.dashboard"):
+            assert b.get("/queues/q").status == 200
+            r = b.post("/queues/q/pause", {"csrf_token": b.get("/").token()})
+            assert r.status == 503, r.status
+            text = html.unescape(r.text)
+            assert "readonly database" in text and "read-only dashboard" in text, text
+        assert len(caplog.records) == 1 and caplog.records[0].exc_info is None, caplog.records
     finally:
         b.close()
         store.close()
