@@ -270,7 +270,7 @@ class Core(abc.ABC):
                 f"({' '.join(str(orig).split())}): {install_advice(self.schema, self.name)}"
             )
         else:
-            err = DatabaseError(f"{type(orig).__name__}: {orig}".strip(), orig=orig)
+            err = DatabaseError(f"{type(orig).__name__}: {orig}".strip() + _encoding_advice(orig), orig=orig)
         err.__cause__ = exc
         return err
 
@@ -307,3 +307,16 @@ class Core(abc.ABC):
         if now is not None:
             return now
         return float(ex.rows(self.sql("now", lambda: sa.select(self.now())), {"now": None})[0][0])
+
+
+def _encoding_advice(orig: BaseException) -> str:
+    """For a value the driver could not encode in the connection's client encoding (a role's,
+    database's or URL's ``client_encoding`` other than UTF8: psycopg encodes in it): which
+    one, and how to give the connections UTF8 — the database itself may hold the value."""
+    if not isinstance(orig, UnicodeEncodeError) or orig.encoding.replace("-", "").lower() == "utf8":
+        return ""
+    return (
+        f" (this connection's client_encoding is {orig.encoding}; on a UTF8 database give the "
+        "connections UTF8: ?client_encoding=utf8 in the URL, or reset the role's or database's "
+        "client_encoding; docs/install.md, PostgreSQL database encoding)"
+    )
