@@ -144,22 +144,31 @@ def _materialized(select: sa.Select[Any] | sa.CompoundSelect, name: str) -> sa.C
 
 
 # What the store learns once per physical connection (one round trip): whether it reaches
-# the server directly, and the isolation level its autocommit statements would run at.
-_facts: weakref.WeakKeyDictionary[Any, tuple[bool, str]] = weakref.WeakKeyDictionary()
-_FACTS_SQL = PEER_SQL + ", pg_catalog.current_setting('default_transaction_isolation')"
+# the server directly, the isolation level its autocommit statements would run at, and the
+# digits its double results are sent with.
+_facts: weakref.WeakKeyDictionary[Any, tuple[bool, str, str]] = weakref.WeakKeyDictionary()
+_FACTS_SQL = (
+    PEER_SQL + ", pg_catalog.current_setting('default_transaction_isolation'),"
+    " pg_catalog.current_setting('extra_float_digits')"
+)
 # The level every statement of the store is written for: SKIP LOCKED claims, claim-fenced
 # handle operations and ON CONFLICT upserts that re-check a row a concurrent transaction
 # changed. Under REPEATABLE READ or SERIALIZABLE such a statement fails instead
 # ("could not serialize access"): claims and acks of a busy queue would fail by the dozen.
 _STORE_ISOLATION = "read committed"
 _SET_ISOLATION = "SELECT pg_catalog.set_config('default_transaction_isolation', %(level)s, false)"
+# Timestamps are epoch seconds in double columns, read as text: below 1, extra_float_digits
+# rounds each to 15 + N significant digits (0, PostgreSQL 11's default, loses a reading's
+# microseconds; -15 sends 1.8e9 as 2e+09). 1 sends the shortest exact text.
+_STORE_FLOAT_DIGITS = 1
+_SET_FLOAT_DIGITS = "SELECT pg_catalog.set_config('extra_float_digits', %(digits)s, false)"
 
 
-def _connection_facts(dbapi_conn: Any) -> tuple[bool, str]:
-    """(reaches the server directly, default_transaction_isolation) of this physical
-    connection: one round trip, remembered. Directness is False whenever it cannot be shown;
-    the isolation level is the session's (a role's or database's ``SET``, or the URL's
-    ``options=-c default_transaction_isolation=...``)."""
+def _connection_facts(dbapi_conn: Any) -> tuple[bool, str, str]:
+    """(reaches the server directly, default_transaction_isolation, extra_float_digits) of
+    this physical connection: one round trip, remembered. Directness is False whenever it
+    cannot be shown; the settings are the session's (a role's or database's ``SET``, or the
+    URL's ``options=-c ...``)."""
     known = _facts.get(dbapi_conn)
     if known is None:
         row = dbapi_conn.execute(_FACTS_SQL).fetchone()
@@ -167,8 +176,16 @@ def _connection_facts(dbapi_conn: Any) -> tuple[bool, str]:
             direct = reaches_server_directly(dbapi_conn.pgconn.socket, row[:5])
         except Exception:  # noqa: BLE001 - unproven means "not direct": the safe side
             direct = False
-        known = _facts[dbapi_conn] = (direct, str(row[5]))
+        known = _facts[dbapi_conn] = (direct, str(row[5]), str(row[6]))
     return known
+
+
+def _float_digits(setting: str) -> int:
+    """A session's extra_float_digits as a number (what the store wants when unreadable)."""
+    try:
+        return int(setting)
+    except ValueError:
+        return _STORE_FLOAT_DIGITS
 
 
 def _reaches_server_directly(dbapi_conn: Any) -> bool:
@@ -277,19 +294,25 @@ class PostgresBackend(Backend):
         return sa.cast(history.op("||")(sa.func.jsonb_build_array(entry)), sa.Text)
 
     def prepare_connection(self, dbapi_conn: Any) -> Any:
-        saved: tuple[Any, Any, str | None] = (dbapi_conn.autocommit, dbapi_conn.prepare_threshold, None)
+        saved: tuple[Any, Any, str | None, str | None] = (
+            dbapi_conn.autocommit, dbapi_conn.prepare_threshold, None, None
+        )
         dbapi_conn.autocommit = True
         # The store's statements run at READ COMMITTED, whatever the session's default
-        # (_STORE_ISOLATION says why); the application's own level is put back on return.
-        # Only on a direct connection: through a transaction-mode pooler a session setting
-        # would stay on a server connection that other clients get next.
+        # (_STORE_ISOLATION says why), and read doubles with every digit (_STORE_FLOAT_DIGITS);
+        # the application's own settings are put back on return. Only on a direct
+        # connection: through a transaction-mode pooler a session setting would stay on a
+        # server connection that other clients get next.
         try:
-            direct, isolation = _connection_facts(dbapi_conn)
+            direct, isolation, digits = _connection_facts(dbapi_conn)
         except Exception:  # noqa: BLE001 - a dead connection: the liveness check drops it
-            direct, isolation = False, _STORE_ISOLATION
+            direct, isolation, digits = False, _STORE_ISOLATION, str(_STORE_FLOAT_DIGITS)
         if isolation != _STORE_ISOLATION and direct:
             dbapi_conn.execute(_SET_ISOLATION, {"level": _STORE_ISOLATION})
-            saved = (*saved[:2], isolation)
+            saved = (*saved[:2], isolation, None)
+        if direct and _float_digits(digits) < _STORE_FLOAT_DIGITS:
+            dbapi_conn.execute(_SET_FLOAT_DIGITS, {"digits": str(_STORE_FLOAT_DIGITS)})
+            saved = (*saved[:3], digits)
         # Server-side prepared statements (psycopg prepares a statement after 5 runs) only
         # where the connection provably reaches the server directly. Behind a
         # transaction-mode pooler (PgBouncer) they are named per client and collide across
@@ -309,9 +332,11 @@ class PostgresBackend(Backend):
         return dbapi_conn.cursor().execute  # type: ignore[no-any-return]
 
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
-        autocommit, prepare_threshold, isolation = saved
+        autocommit, prepare_threshold, isolation, digits = saved
         if isolation is not None:
             dbapi_conn.execute(_SET_ISOLATION, {"level": isolation})
+        if digits is not None:
+            dbapi_conn.execute(_SET_FLOAT_DIGITS, {"digits": digits})
         dbapi_conn.autocommit, dbapi_conn.prepare_threshold = autocommit, prepare_threshold
 
     def is_disconnect(self, exc: BaseException, dbapi_conn: Any) -> bool:
