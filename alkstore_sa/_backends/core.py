@@ -270,7 +270,8 @@ class Core(abc.ABC):
                 f"({' '.join(str(orig).split())}): {install_advice(self.schema, self.name)}"
             )
         else:
-            err = DatabaseError(f"{type(orig).__name__}: {orig}".strip() + _encoding_advice(orig), orig=orig)
+            advice = _privilege_advice(orig) + _encoding_advice(orig)
+            err = DatabaseError(f"{type(orig).__name__}: {orig}".strip() + advice, orig=orig)
         err.__cause__ = exc
         return err
 
@@ -307,6 +308,19 @@ class Core(abc.ABC):
         if now is not None:
             return now
         return float(ex.rows(self.sql("now", lambda: sa.select(self.now())), {"now": None})[0][0])
+
+
+def _privilege_advice(orig: BaseException) -> str:
+    """For a privilege the server refused the role (insufficient_privilege): what to grant.
+    The server names the table or schema; the usual cause after an upgrade is a table the
+    migration added that the default privileges did not reach."""
+    if (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) != "42501":
+        return ""
+    return (
+        ' (grant this role the runtime GRANTs of docs/install.md, "A runtime role"; tables a '
+        "later migration added are granted only by the ALTER DEFAULT PRIVILEGES of the role "
+        "that ran it)"
+    )
 
 
 def _encoding_advice(orig: BaseException) -> str:

@@ -221,3 +221,39 @@ def test_a_runtime_role_missing_a_table_grant_is_told_which_grants(runtime: Runt
     assert res.returncode == 1, res.stdout + res.stderr
     line = res.stderr.strip()
     assert "permission denied for table alkstore_workers" in line and "runtime GRANTs" in line, line
+
+
+def test_a_table_a_later_step_added_without_grants_is_refused_with_the_remedy(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step's new tables that the runtime role was never granted (the migration ran as a
+    role other than the one whose ALTER DEFAULT PRIVILEGES name it): every claim reads the
+    queue settings, so the operations and the worker's claim WARNING say what to grant, not
+    only the server's 'permission denied'."""
+    import logging
+
+    _revoke(runtime, "REVOKE ALL ON {schema}.alkstore_queue_settings, {schema}.alkstore_queue_claims FROM {role}")
+    with alk.Store(runtime.engine, schema=runtime.schema) as store:
+        q = store.queue("q")
+        q.enqueue({})
+        with pytest.raises(alk.DatabaseError) as info:
+            q.claim_one("w")
+        message = str(info.value)
+        assert "permission denied for table alkstore_queue_settings" in message, message
+        assert "runtime GRANTs" in message and "ALTER DEFAULT PRIVILEGES" in message, message
+        stop = alk.StopToken()
+        with caplog.at_level(logging.WARNING, logger="alkstore_sa"):
+            worker = alk.Worker(store, q, lambda job: None, poll_interval=0.2)
+            import threading
+
+            runner = threading.Thread(target=worker.run, args=(stop,))
+            runner.start()
+            try:
+                from tests.support import wait_for
+
+                wait_for(lambda: any("claim on 'q' failed" in r.getMessage() for r in caplog.records), "the WARNING")
+            finally:
+                stop.stop()
+                runner.join(30)
+        (line,) = [r.getMessage() for r in caplog.records if "claim on 'q' failed" in r.getMessage()]
+        assert "runtime GRANTs" in line, line
