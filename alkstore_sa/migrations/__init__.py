@@ -105,10 +105,27 @@ def installing(connection: Connection, schema: str) -> Iterator[None]:
         yield
 
 
+_SESSION_TIMEOUTS = sa.text(
+    "SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.current_setting('statement_timeout')"
+)
+_SET_TIMEOUTS = sa.text(
+    "SELECT pg_catalog.set_config('lock_timeout', :lock, true), "
+    "pg_catalog.set_config('statement_timeout', :statement, true)"
+)
+
+
 def lock_installs(connection: Connection) -> None:
     """PostgreSQL: take the advisory lock every install holds until its transaction ends, so
-    installs and upgrades of the alkstore schema run one at a time."""
+    installs and upgrades of the alkstore schema run one at a time.
+
+    The wait for it is exempt from the session's ``lock_timeout`` and ``statement_timeout``
+    (a migrating role's guard for its DDL: the second of two deploys waits for the first
+    instead of failing), which apply again, for the rest of the transaction, once it is
+    held. Separate statements: a statement's timeout is armed when it starts."""
+    lock, statement = connection.execute(_SESSION_TIMEOUTS).one()
+    connection.execute(_SET_TIMEOUTS, {"lock": "0", "statement": "0"})
     connection.execute(sa.text("SELECT pg_catalog.pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+    connection.execute(_SET_TIMEOUTS, {"lock": lock, "statement": statement})
 
 
 def run_environment(context: Any) -> None:
