@@ -47,14 +47,22 @@ SQLITE_DRIVER_OPTIONS = ("uri", "timeout", "isolation_level", "detect_types", "c
 SQLITE_URI_OPTIONS = ("mode", "cache", "vfs", "psow", "nolock", "immutable", "modeof")
 
 
+APPLICATION_NAME = "alkstore"
+
+
 def engine_from_url(url: str | URL, **kw: Any) -> Engine:
     """A SQLAlchemy Engine for ``url`` as alkstore reads it: every PostgreSQL URL through
-    psycopg 3 with typed driver options; ``kw`` goes to ``sa.create_engine`` (its
+    psycopg 3 with typed driver options, its connections named ``alkstore`` in
+    ``pg_stat_activity`` unless the URL or ``PGAPPNAME`` names them; ``kw`` goes to ``sa.create_engine`` (its
     ``connect_args`` win over the URL's options)."""
     parsed = parse_url(url)
     connect_args: dict[str, Any] = {}
     if parsed.get_backend_name() == "postgresql":
         parsed, connect_args = _psycopg_options(parsed)
+        if "fallback_application_name" not in parsed.query:
+            # how pg_stat_activity names the store's connections, unless the URL's
+            # application_name or PGAPPNAME says otherwise (libpq's fallback is used only then)
+            connect_args["fallback_application_name"] = APPLICATION_NAME
     connect_args.update(kw.pop("connect_args", None) or {})
     if connect_args:
         kw["connect_args"] = connect_args
