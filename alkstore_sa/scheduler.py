@@ -176,12 +176,21 @@ def _cron_fires(when: Timing, old: float, now: float) -> tuple[int, float, bool]
 
 @dataclass
 class _Failing:
-    """A schedule whose fires fail: its failure streak, the schedule version it is about
-    (``updated_at``), and when (monotonic) the runner may try it again."""
+    """A schedule whose fires fail: its failure streak, the row it is about (the schedule's
+    version, ``updated_at``, and the boundary it was due at), and when (monotonic) the
+    runner may try it again."""
 
     outage: Outage
     version: float  # the schedule's updated_at (epoch seconds)
+    boundary: Any  # its next_fire_at as stored when it failed
     retry_at: float = 0.0
+
+    def about(self, row: tuple[Any, ...]) -> bool:
+        """Whether ``row`` (a schedule row) is still the one that failed. A row re-registered
+        since (a fix, perhaps), or whose boundary moved — another ticker fired it: what held
+        its row lock, a ticker paused mid-fire, committed — is tried at once, not after the
+        rest of a backoff that may have grown to a minute over a long pause."""
+        return self.version == float(row[10]) and self.boundary == row[8]
 
 
 class Scheduler:
@@ -283,9 +292,9 @@ class Scheduler:
             name, version = row[0], float(row[10])  # updated_at: the definition's version
             due.add(name)
             failing = self._failing.get(name)
-            if failing is not None and failing.version != version:
-                # re-registered since it failed (a fix, perhaps): try the new definition now
-                failing.version, failing.retry_at = version, 0.0
+            if failing is not None and not failing.about(row):
+                # re-registered or fired by another ticker since it failed: try it now
+                failing.version, failing.boundary, failing.retry_at = version, row[8], 0.0
             if paced and failing is not None and failing.retry_at > time.monotonic():
                 continue
             try:
@@ -297,7 +306,7 @@ class Scheduler:
                 if failing is None:
                     failing = self._failing[name] = _Failing(
                         Outage(log, f"schedule {name!r}", Backoff(*SCHEDULE_RETRY), level=logging.ERROR),
-                        version,
+                        version, row[8],
                     )
                 failing.retry_at = time.monotonic() + failing.outage.failed("could not fire", exc)
             else:
@@ -367,7 +376,8 @@ class Scheduler:
 
     def _seconds_to_next_fire(self) -> float | None:
         """Seconds until the next boundary, or None when there are no schedules; a schedule
-        waiting out its retry backoff counts at its retry time instead (real seconds)."""
+        waiting out its retry backoff counts at its retry time instead (real seconds), unless
+        its row changed since it failed (``_Failing.about``: the next tick tries it)."""
         backend = self.store.backend
         with self.store.executor(retry=True) as ex:  # reads
             now = backend.read_now(ex, self.store.now())
@@ -379,7 +389,7 @@ class Scheduler:
         waits = []
         for row in rows:
             failing = self._failing.get(row[0])
-            if failing is not None:
+            if failing is not None and failing.about(row):
                 waits.append(max(0.0, failing.retry_at - mono))
             elif (nxt := _boundary(row[8])) is not None:
                 waits.append(max(0.0, nxt - now))

@@ -21,6 +21,7 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa import _validate as v
+from alkstore_sa import scheduler as scheduler_module
 from alkstore_sa.scheduler import (
     LEADER_LOCK,
     MAX_CATCHUP,
@@ -809,6 +810,51 @@ def test_a_ticker_stuck_holding_one_schedules_row_does_not_stall_the_leader(
         assert not runner.is_alive()
         assert len(jobs_of(pg_db, stuck)) == 1 and len(jobs_of(pg_db, free)) == 1
         assert next_at(store, stuck) == next_at(store, free) == T0 + 2 * 60
+    finally:
+        blocker.close()
+        stop.stop()
+        if runner is not None:
+            runner.join(WAIT)
+        store.close()
+
+
+def test_a_schedule_another_ticker_fired_while_it_held_the_row_is_not_held_back_by_backoff(
+    pg_db: Target, clock: FakeClock, qname: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ticker paused mid-fire that then commits (its process thawed) fired its boundary;
+    the leader's fires of that schedule failed meanwhile on the row lock and were put on the
+    schedule's retry backoff (which grows to 60 s over a long pause). Once the row shows the
+    boundary moved, the obstacle is gone: the next due boundary fires at the leader's next
+    tick, as for a re-registered schedule, not after the rest of the backoff (docs: "fires,
+    once, as soon as the lock is gone"). The backoff is lengthened here so that waiting it
+    out cannot pass for that."""
+    monkeypatch.setattr(scheduler_module, "SCHEDULE_RETRY", (30.0, 60.0))
+    store = pg_db.store(clock=clock)
+    store.schedule(qname, "@every 1m", qname, {})
+    clock.advance(120)  # T0 + 60 and T0 + 120 are due
+    stop = alk.StopToken()
+    blocker = pg_db.engine.connect()
+    runner: threading.Thread | None = None
+    try:
+        # the paused ticker, which read the time at T0 + 60: it advanced the boundary T0 + 60
+        # (its fire) to T0 + 120 and holds the row
+        blocker.exec_driver_sql(
+            f"UPDATE {pg_db.table('alkstore_schedules')} SET next_fire_at = %s WHERE name = %s AND next_fire_at = %s",
+            (T0 + 120, qname, T0 + 60),
+        )
+        with caplog.at_level(logging.ERROR, logger="alkstore_sa"):
+            runner = threading.Thread(target=store.run_schedules, args=(stop,), kwargs={"lease": 3.0}, daemon=True)
+            runner.start()
+            wait_for(lambda: "could not fire" in caplog.text, "the leader's fire to fail on the held row")
+        blocker.commit()  # the paused ticker thaws and commits its fire
+        # the leader ticks every second (lease / 3); 10 s is well inside the 15 s the
+        # lengthened backoff holds the schedule back at least
+        wait_for(lambda: len(jobs_of(pg_db, qname)) == 1, "the next boundary to fire once the row is free", 10)
+        assert next_at(store, qname) == T0 + 180
+        stop.stop()
+        runner.join(WAIT)
+        assert not runner.is_alive()
+        assert len(jobs_of(pg_db, qname)) == 1
     finally:
         blocker.close()
         stop.stop()
