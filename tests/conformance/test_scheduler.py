@@ -863,6 +863,37 @@ def test_a_schedule_another_ticker_fired_while_it_held_the_row_is_not_held_back_
         store.close()
 
 
+def test_a_schedule_of_a_task_call_fires_a_job_its_registry_runs_with_the_schedules_stamps(
+    store: alk.Store, clock: FakeClock, qname: str
+) -> None:
+    """docs/scheduler.md, "Scheduling a task": the task's queue and the pinned payload of a
+    call make a schedule whose jobs a worker serving the registry runs as calls of the task;
+    the job carries the schedule's stamps (max_attempts, priority), the queue defaults
+    otherwise (the task's visibility timeout and backoff base are not the job's)."""
+    tasks = alk.Tasks()
+    calls: list[tuple[Any, ...]] = []
+
+    @tasks.task(queue=qname, name="reports.nightly", max_attempts=5, visibility_timeout=600, backoff_base=1)
+    def nightly_report(kind: str) -> None:
+        calls.append((kind,))
+
+    store.schedule(
+        "nightly-report", "@every 1m", nightly_report.queue,
+        {"task": nightly_report.name, "args": ["full"], "kwargs": {}}, max_attempts=5, priority=2,
+    )
+    clock.advance(60)
+    assert Scheduler(store).tick() == 1
+    handle = store.queue(qname).claim_one("w")
+    assert handle is not None
+    job = handle.job
+    task, args, kwargs = tasks.resolve(job.payload)
+    assert task is nightly_report and args == ["full"] and kwargs == {}
+    task(*args, **kwargs)
+    assert calls == [("full",)]
+    assert (job.max_attempts, job.priority) == (5, 2)
+    assert (job.visibility_timeout, job.backoff_base) == (300.0, 5.0)  # the queue defaults
+
+
 def test_the_leader_lock_name_is_reserved(store: alk.Store) -> None:
     assert LEADER_LOCK == "__alkstore_scheduler"
     with pytest.raises(alk.InvalidName):
