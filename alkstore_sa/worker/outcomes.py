@@ -14,6 +14,7 @@ nothing ran it to completion, so the job is retried with an error saying so.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import logging
 import time
@@ -195,7 +196,54 @@ def _said(exc: BaseException, name: str) -> str | None:
     return (text_of(exc) or type(exc).__name__) if value is _UNREADABLE else _message(value)
 
 
+# Python 3.11+ (asyncio.TaskGroup raises one); None on 3.10, where nothing in the
+# standard library raises a group
+_GROUP: type[BaseException] | None = getattr(builtins, "BaseExceptionGroup", None)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an exception group holds, however nested (``exc`` itself when it is
+    no group)."""
+    if _GROUP is None or not isinstance(exc, _GROUP):
+        return [exc]
+    inner = _attribute(exc, "exceptions")
+    if inner is _UNREADABLE or not isinstance(inner, tuple):
+        return [exc]
+    return [leaf for sub in inner for leaf in _leaves(sub)]
+
+
+def _grouped(exc: BaseException) -> BaseException | None:
+    """The outcome an exception group says, as the exception to map: its first ``Fail``
+    (the job cannot succeed, whatever else failed beside it), else — when every exception
+    it holds is a ``Retry`` — the one with the longest delay (None: the curve); otherwise
+    None, the group being an error like any other. A ``Fail`` or ``Retry`` raised in a
+    child of an ``asyncio.TaskGroup`` reaches the worker wrapped in such a group."""
+    if _GROUP is None or not isinstance(exc, _GROUP):
+        return None
+    leaves = _leaves(exc)
+    for leaf in leaves:
+        if isinstance(leaf, Fail):
+            return leaf
+    if not leaves or not all(isinstance(leaf, Retry) for leaf in leaves):
+        return None
+    return max(leaves, key=_later)
+
+
+def _later(retry: BaseException) -> float:
+    """A Retry's delay in seconds, for choosing the latest; the curve (None, or a delay that
+    cannot be read) and a delay its handle would refuse (a subclass that skipped the checks,
+    refused as it would be alone) come first."""
+    delay = _attribute(retry, "delay")
+    if delay is None or delay is _UNREADABLE:
+        return float("inf")
+    try:
+        return v.duration(delay, "Retry delay")
+    except InvalidOptions:
+        return float("inf")
+
+
 def _raised(work: Work, exc: BaseException) -> Outcome:
+    exc = _grouped(exc) or exc
     if isinstance(exc, Fail):  # attributes read defensively: a subclass may set its own
         return Outcome("fail", _said(exc, "message"))
     if isinstance(exc, Retry):

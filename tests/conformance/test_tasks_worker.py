@@ -1123,6 +1123,48 @@ def test_retry_records_the_text_of_any_error(store: alk.Store, qname: str, clock
             assert job.run_at.timestamp() == now + delay, (name, kind)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup and ExceptionGroup: Python 3.11+")
+def test_fail_or_retry_raised_inside_a_task_group_is_that_outcome(store: alk.Store, qname: str, clock: FakeClock) -> None:
+    """``alk.Fail`` or ``alk.Retry`` raised in a child of an ``asyncio.TaskGroup`` (or
+    collected in an ``ExceptionGroup`` by sync code) reaches the worker wrapped in the
+    group: it is the outcome it says — dead now, or retried after its delay — not a retry
+    on the curve with the group's text ('unhandled errors in a TaskGroup (1 sub-exception)')."""
+
+    async def child(kind: str) -> None:
+        await asyncio.sleep(0)
+        if kind == "fail":
+            raise alk.Fail("no such user")
+        raise alk.Retry(delay=42, error="upstream busy")
+
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="grouped_async")
+    async def grouped_async(kind: str) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(child(kind))
+            group.create_task(asyncio.sleep(WAIT))  # cancelled when the other child raises
+
+    @tasks.task(queue=qname, name="grouped_sync")
+    def grouped_sync(kind: str) -> None:
+        errors: list[Exception] = {  # a Fail beside other errors is still a Fail; the longest Retry wins
+            "fail": [RuntimeError("disk full"), alk.Fail("no such user")],
+            "retry": [alk.Retry(delay=5, error="busy"), alk.Retry(delay=42, error="upstream busy")],
+        }[kind]
+        raise ExceptionGroup("collected", [errors[0], ExceptionGroup("inner", errors[1:])])  # noqa: F821 - 3.11+
+
+    ids = _enqueue_each_kind(store, (grouped_async, grouped_sync), ["fail", "retry"])
+    _drain(store, tasks)
+    now = clock()
+    for (name, kind), job_id in ids.items():
+        job = _job(store, qname, job_id)
+        assert job is not None and job.attempts == 1, (name, kind, job)
+        if kind == "fail":
+            assert (job.state, job.last_error) == ("dead", "no such user"), (name, job.state, job.errors)
+        else:
+            assert job.state == "pending" and [e["error"] for e in job.errors] == ["upstream busy"], (name, job.errors)
+            assert job.run_at.timestamp() == now + 42, name
+
+
 @pytest.mark.parametrize(
     "delay",
     [-1, 1e12, "x", True, float("nan"), float("inf"), timedelta(seconds=-1), timedelta(days=40000)],
