@@ -38,11 +38,31 @@ log = logging.getLogger("alkstore_sa")
 # response body, which would otherwise be stored in job.errors on every attempt
 MAX_ERROR_TEXT = 10_000
 
+# Python 3.11+ (asyncio.TaskGroup raises one); None on 3.10, where nothing in the
+# standard library raises a group
+_GROUP: type[BaseException] | None = getattr(builtins, "BaseExceptionGroup", None)
+
 
 def text_of(value: object) -> str:
     """``value``'s text for an error or a log line, never raising: ``str(value)``, else
-    ``repr(value)`` (when ``str()`` raises or returns no str), else its type's name; cut
-    at MAX_ERROR_TEXT characters, saying how many more there were."""
+    ``repr(value)`` (when ``str()`` raises or returns no str), else its type's name, and
+    for an exception group the exceptions it holds; cut at MAX_ERROR_TEXT characters,
+    saying how many more there were."""
+    text = _rendered(value)
+    if _GROUP is not None and isinstance(value, _GROUP):
+        # an exception group's own text names none of what failed ('unhandled errors in a
+        # TaskGroup (1 sub-exception)'): the exceptions it holds follow, with their types
+        text += ": " + "; ".join(_named(leaf) for leaf in _leaves(value))
+    return v.cut_text(text, MAX_ERROR_TEXT)
+
+
+def _named(exc: BaseException) -> str:
+    """``Type: text`` (``Type`` alone when the text is empty), the text cut as text_of cuts it."""
+    text = v.cut_text(_rendered(exc), MAX_ERROR_TEXT)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _rendered(value: object) -> str:
     text = type(value).__name__
     for render in (str, repr):
         try:
@@ -50,9 +70,8 @@ def text_of(value: object) -> str:
         except Exception:  # noqa: BLE001 - a broken __str__/__repr__ must not lose the outcome
             continue
         if isinstance(rendered, str):
-            text = rendered
-            break
-    return v.cut_text(text, MAX_ERROR_TEXT)
+            return rendered
+    return text
 
 
 def _message(value: object) -> str | None:
@@ -194,11 +213,6 @@ def _said(exc: BaseException, name: str) -> str | None:
     the exception's own when the attribute cannot be read."""
     value = _attribute(exc, name)
     return (text_of(exc) or type(exc).__name__) if value is _UNREADABLE else _message(value)
-
-
-# Python 3.11+ (asyncio.TaskGroup raises one); None on 3.10, where nothing in the
-# standard library raises a group
-_GROUP: type[BaseException] | None = getattr(builtins, "BaseExceptionGroup", None)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

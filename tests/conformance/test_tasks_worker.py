@@ -1165,6 +1165,38 @@ def test_fail_or_retry_raised_inside_a_task_group_is_that_outcome(store: alk.Sto
             assert job.run_at.timestamp() == now + 42, name
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup and ExceptionGroup: Python 3.11+")
+def test_an_exception_group_is_recorded_with_what_it_holds(store: alk.Store, qname: str) -> None:
+    """A task whose ``asyncio.TaskGroup`` failed raises an ``ExceptionGroup`` whose own text
+    ('unhandled errors in a TaskGroup (1 sub-exception)') says nothing of what failed: the
+    error recorded in ``job.errors`` (and shown by ``alkstore dead show``) names each
+    exception it holds, however nested, with its type."""
+    tasks = alk.Tasks()
+
+    async def child() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("bad row 7")
+
+    @tasks.task(queue=qname, name="grouped_async")
+    async def grouped_async() -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(child())
+
+    @tasks.task(queue=qname, name="grouped_sync")
+    def grouped_sync() -> None:
+        raise ExceptionGroup("collected", [KeyError("sku"), ExceptionGroup("inner", [TimeoutError()])])  # noqa: F821
+
+    ids = {task.name: task.enqueue(store) for task in (grouped_async, grouped_sync)}
+    _drain(store, tasks)
+    expected = {
+        "grouped_async": "unhandled errors in a TaskGroup (1 sub-exception): ValueError: bad row 7",
+        "grouped_sync": "collected (2 sub-exceptions): KeyError: 'sku'; TimeoutError",
+    }
+    for name, job_id in ids.items():
+        job = _job(store, qname, job_id)
+        assert job is not None and [e["error"] for e in job.errors] == [expected[name]], (name, job)
+
+
 @pytest.mark.parametrize(
     "delay",
     [-1, 1e12, "x", True, float("nan"), float("inf"), timedelta(seconds=-1), timedelta(days=40000)],
