@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
-from flask import Flask, has_app_context, request
+from flask import Flask, current_app, has_app_context, request
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -99,15 +99,26 @@ def _app_for_tasks() -> Flask:
 
 
 def in_app_context(func: Callable[P, R]) -> Callable[P, R]:
-    """Run ``func`` in an application context (a fresh one per run, so ``db.session`` is
-    removed — closed, rolled back if uncommitted — when the task ends); within a request or
-    an already active context, it just runs."""
+    """Run ``func`` in an application context: in a worker's job, a fresh one per run, so
+    ``db.session`` is the job's own and is removed — closed, rolled back if uncommitted —
+    when the task ends; within a request or any other active context (a plain call), it
+    just runs there.
+
+    A context active in a job is not the job's own: the worker runs each job in a copy of
+    the context its ``run()`` was called in, so a worker started inside ``with
+    app.app_context():`` would otherwise give every job, on every thread, that one
+    ``db.session`` — and a job whose flush failed would leave the next one a session that
+    refuses everything until rolled back."""
 
     @functools.wraps(func)  # keeps the signature: tasks check enqueue arguments against it
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        if has_app_context():
+        if not has_app_context():
+            app = _app_for_tasks()
+        elif alk.current_job() is None:
             return func(*args, **kwargs)
-        with _app_for_tasks().app_context():
+        else:  # a job: a fresh context of the app whose context it inherited
+            app = current_app._get_current_object()  # type: ignore[attr-defined]
+        with app.app_context():
             return func(*args, **kwargs)
 
     return run

@@ -363,3 +363,38 @@ def test_async_app_under_uvicorn_each_committed_order_has_one_processed_job(url:
         assert stats.pending == 0 and stats.processing == 0 and stats.dead == 0
     finally:
         store.close()
+
+
+def test_flask_example_in_app_context_gives_each_job_its_own_session_under_a_worker_run_in_a_context(
+    url: str,
+) -> None:
+    """A worker script that runs the worker inside ``with app.app_context():`` (where the
+    store was made) gives every job a copy of that context (worker.md: each job runs in a copy
+    of the context ``run()`` was called in). ``in_app_context`` took it for a request's and
+    just ran, so every job — on every thread — shared one ``db.session``, never removed: a job
+    whose flush failed left the next job a session refusing everything (PendingRollbackError).
+    In a job it now pushes a fresh context of that app, removed when the job ends."""
+    example = EXAMPLES / "flask_app"
+    migrate(example, url)
+    module = load(example / "flask_shop.py")
+    app = module.create_app(url)
+    tasks = alk.Tasks()
+    outcomes: list[str] = []
+
+    @tasks.task(queue="probe", name="probe.touch")
+    @module.in_app_context
+    def touch(spoil: bool) -> None:
+        if spoil:  # a NOT NULL column left empty: the flush fails, the session needs a rollback
+            module.db.session.add(module.Order(email="ada@example.com", item=None))
+            module.db.session.flush()
+        outcomes.append(str(module.db.session.execute(sa.text("SELECT 7")).scalar()))
+
+    with app.app_context():
+        store: alk.Store = app.extensions["alkstore"]
+        first, second = touch.enqueue(store, True), touch.enqueue(store, False)
+        alk.Worker(store, tasks, concurrency=1, poll_interval=0.2).run(burst=True)
+        q = store.queue("probe")
+        assert q.get_job(second) is None, q.get_job(second)  # acked
+        spoiled = q.get_job(first)
+        assert spoiled is not None and "item" in (spoiled.errors[-1]["error"] or ""), spoiled  # its NOT NULL failure
+    assert outcomes == ["7"]
