@@ -412,16 +412,16 @@ def is_async_callable(fn: object) -> bool:
 def call_problem(fn: object, what: str) -> str | None:
     """Why ``fn`` cannot be a task or handler, else None: a generator function (sync or
     async: calling it runs none of its body, and the worker never iterates what it returns),
-    or a class whose instances' ``__call__`` is ``async def`` or a generator (given where an
-    instance was meant: calling the class only makes an instance)."""
+    or a class whose instances are callable — a ``__call__`` of any kind, its own or
+    inherited (given where an instance was meant: calling the class only makes an instance,
+    which the worker takes for the result, and the ``__call__`` never runs)."""
     cls = _unpartial(fn)
-    if isinstance(cls, type):
-        call = getattr(cls, "__call__", None)  # noqa: B004 - its instances' __call__
-        if inspect.iscoroutinefunction(call) or inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call):
-            return (
-                f"{what} is a class ({cls.__name__}): calling it only makes an instance, and its "
-                f"__call__ would never run; pass an instance ({cls.__name__}(), say)"
-            )
+    # its instances' __call__ (getattr would find type's, which every class has)
+    if isinstance(cls, type) and any("__call__" in vars(klass) for klass in cls.__mro__):
+        return (
+            f"{what} is a class ({cls.__name__}): calling it only makes an instance, and its "
+            f"__call__ would never run; pass an instance ({cls.__name__}(), say)"
+        )
     for f in _called(fn):
         if inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
             kind = "an async generator" if inspect.isasyncgenfunction(f) else "a generator"

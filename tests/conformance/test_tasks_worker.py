@@ -428,15 +428,28 @@ class _GeneratorCallClass:
         yield 1
 
 
-@pytest.mark.parametrize("cls", [_AsyncCallClass, _GeneratorCallClass], ids=["async-call", "generator-call"])
-def test_a_class_whose_call_is_async_or_a_generator_is_refused_asking_for_an_instance(
+class _SyncCallClass:
+    def __call__(self, *args: Any) -> None: ...
+
+
+class _InheritedCallClass(_SyncCallClass):
+    def __init__(self, *args: Any) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "cls", [_AsyncCallClass, _GeneratorCallClass, _SyncCallClass, _InheritedCallClass],
+    ids=["async-call", "generator-call", "sync-call", "inherited-call"],
+)
+def test_a_class_whose_instances_are_callable_is_refused_asking_for_an_instance(
     store: alk.Store, qname: str, cls: type
 ) -> None:
     """Given the class where an instance was meant, calling it only makes an instance: its
     ``async def __call__`` was taken for the class's, the worker awaited the instance and
     every job was retried ('object ... can't be used in 'await' expression') until dead; a
-    generator ``__call__`` was refused as 'a generator function'. Both are refused at
-    registration, asking for an instance; an instance works (test above)."""
+    generator ``__call__`` was refused as 'a generator function'; a plain ``def __call__``
+    was accepted, and every job was acked with its ``__call__`` never run (the instance the
+    call made was the ignored return value). All are refused at registration, asking for an
+    instance; an instance works (test above)."""
     tasks = alk.Tasks()
     with pytest.raises(alk.InvalidOptions, match=rf"is a class.*pass an instance \({cls.__name__}\(\)"):
         tasks.task(queue=qname, name="cls")(cls)
