@@ -300,7 +300,7 @@ class Tasks:
                 f = f.__func__
             if not callable(f):
                 raise InvalidOptions(f"@tasks.task decorates a function, got a {type(f).__name__}")
-            problem = call_problem(f, f"task {name or _default_name(f)!r}")
+            problem = call_problem(f, f"task {name or _default_name(f)!r}") or _method_problem(f)
             if problem is not None:
                 raise InvalidOptions(problem)
             task = Task(f, name=name or _default_name(f), queue=queue, opts=opts, priority=priority)
@@ -430,6 +430,31 @@ def call_problem(fn: object, what: str) -> str | None:
                 "never iterates it; make it return (or, for async, end) when its work is done"
             )
     return None
+
+
+def _method_problem(f: object) -> str | None:
+    """Why ``f`` cannot be a task if it is a method decorated in its class body (a plain
+    function defined there whose first parameter is ``self``), else None: the worker calls a
+    task with its job's arguments alone, so no job of it could run. (A staticmethod's
+    function is defined there too, but takes no ``self``; a closure's qualname ends
+    ``<locals>.name``.)"""
+    if not inspect.isfunction(f):
+        return None
+    where = f.__qualname__.split(".")
+    if len(where) < 2 or where[-2] == "<locals>":
+        return None
+    signature = _signature_of(f)
+    first = next(iter(signature.parameters.values()), None) if signature is not None else None
+    if first is None or first.name != "self" or first.kind not in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ):
+        return None
+    return (
+        f"task {f.__module__}.{f.__qualname__!s} is a method (its first parameter is self): the "
+        "worker calls a task with the job's arguments alone and has no instance to pass as "
+        "self; make it a module-level function or a @staticmethod, or register a bound method "
+        f"of an instance (tasks.task(obj.{f.__name__}, name=...))"
+    )
 
 
 def _signature_of(func: Callable[..., Any]) -> inspect.Signature | None:

@@ -232,6 +232,43 @@ def test_decorating_something_else_is_refused() -> None:
         tasks.task()(42)  # type: ignore[arg-type]
 
 
+def test_a_method_decorated_in_its_class_body_is_refused_naming_what_works() -> None:
+    """``@tasks.task`` on a method (``def send(self, n)`` in a class body) registered a task
+    whose jobs could never run: the worker calls a task with the job's arguments alone, so
+    ``send.enqueue(store, 1)`` was refused for "missing a required argument: 'n'" (the 1 went
+    to ``self``). It is refused at decoration, naming the forms that work; a staticmethod in
+    either order, a bound method and a nested function with a ``self`` parameter still register."""
+    tasks = alk.Tasks()
+    with pytest.raises(alk.InvalidOptions, match=r"is a method.*self.*staticmethod.*bound method"):
+
+        class Mailer:
+            @tasks.task(queue="emails")
+            def send(self, n: int) -> None: ...
+
+    assert len(tasks) == 0
+
+    class Fine:
+        @tasks.task(queue="emails")
+        @staticmethod
+        def above(n: int) -> None: ...
+
+        @staticmethod
+        @tasks.task(queue="emails")
+        def below(n: int) -> None: ...
+
+        def method(self, n: int) -> None: ...
+
+        def outer(self) -> Any:
+            @tasks.task(queue="emails", name="inner")
+            def inner(self: Any) -> None: ...  # a closure's parameter may be called anything
+
+            return inner
+
+    tasks.task(Fine().method, name="bound")
+    Fine().outer()
+    assert sorted(t.name.rsplit(".", 1)[-1] for t in tasks) == ["above", "below", "bound", "inner"]
+
+
 def test_registry_lookup_and_queues() -> None:
     tasks = alk.Tasks()
     a = tasks.task(name="a", queue="q2")(_send_email)
