@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import InvalidOptions
 from ..tasks import Task, Tasks
 from ..worker import Worker
+from ..worker.outcomes import text_of
 from ._common import (
     add_database_options,
     exit_past_abandoned_jobs,
@@ -76,7 +77,7 @@ def load_handler(spec: str) -> Callable[..., Any] | Tasks:
             raise
         except BaseException as exc:  # noqa: BLE001 - the application's code (a lazy module attribute, a property) raised
             raise UsageError(
-                f"handler {spec!r}: reading {part!r} of {where!r} failed: {type(exc).__name__}: {exc} "
+                f"handler {spec!r}: reading {part!r} of {where!r} failed: {type(exc).__name__}: {text_of(exc)} "
                 f"({TRACEBACK_HINT})"
             ) from exc
         where = f"{where}:{part}" if where == module_name else f"{where}.{part}"
@@ -115,7 +116,7 @@ def _import(module_name: str, spec: str) -> Any:
                 f"the directory that contains it or add that directory to PYTHONPATH"
             ) from exc
         # the handler's module exists but one of its own imports is missing
-        raise UsageError(f"handler {spec!r}: importing {module_name!r} failed: {exc}") from exc
+        raise UsageError(f"handler {spec!r}: importing {module_name!r} failed: {text_of(exc)}") from exc
     except SystemExit as exc:  # a script's main code, run at import: it would end the worker unstarted
         raise UsageError(
             f"handler {spec!r}: importing {module_name!r} called sys.exit({exc.code!r}); is it a "
@@ -126,7 +127,7 @@ def _import(module_name: str, spec: str) -> Any:
     except BaseException as exc:  # noqa: BLE001 - the module's own code raised while being imported
         # (also a BaseException that is no Exception: asyncio's CancelledError, a framework's own)
         raise UsageError(
-            f"handler {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc} "
+            f"handler {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {text_of(exc)} "
             f"({TRACEBACK_HINT})"
         ) from exc
 

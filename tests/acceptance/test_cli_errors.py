@@ -472,6 +472,15 @@ MODULES = {
     "exotic_jobs.py": "class Halt(BaseException):\n    pass\n\nraise Halt('halted at import')\n",
     # a lazy attribute (PEP 562) whose own import fails
     "lazy_jobs.py": "def __getattr__(name):\n    raise ImportError(f'lazy load of {name} failed')\n",
+    # an exception whose str() raises, at import and from a lazy attribute: the message said
+    # 'unexpected error: ZeroDivisionError' (exit 1), the str() failure, naming no module
+    "unprintable_jobs.py": "class Odd(Exception):\n    def __str__(self):\n        return 1 / 0\n\nraise Odd('odd')\n",
+    "unprintable_lazy.py": (
+        "class Odd(Exception):\n    def __str__(self):\n        return 1 / 0\n\n"
+        "def __getattr__(name):\n    raise Odd('odd')\n"
+    ),
+    # a message of 200,000 characters was printed whole as the one line
+    "huge_jobs.py": "raise ValueError('x' * 200_000)\n",
 }
 
 
@@ -493,6 +502,9 @@ MODULES = {
         ("cancelled_jobs:handle", "importing 'cancelled_jobs' failed: CancelledError: cancelled at import"),
         ("exotic_jobs:handle", "importing 'exotic_jobs' failed: Halt: halted at import"),
         ("lazy_jobs:tasks", "reading 'tasks' of 'lazy_jobs' failed: ImportError: lazy load of tasks failed"),
+        ("unprintable_jobs:tasks", "importing 'unprintable_jobs' failed: Odd: Odd('odd')"),
+        ("unprintable_lazy:tasks", "reading 'tasks' of 'unprintable_lazy' failed: Odd: Odd('odd')"),
+        ("huge_jobs:tasks", "importing 'huge_jobs' failed: ValueError: xxx"),
     ],
 )
 def test_handler_path_mistakes_are_one_line_exit_2(sqlite_db: Target, tmp_path: Path, spec: str, says: str) -> None:
@@ -501,6 +513,7 @@ def test_handler_path_mistakes_are_one_line_exit_2(sqlite_db: Target, tmp_path: 
     res = alkstore("worker", spec, "--queue", "q", "--url", sqlite_db.url, cwd=tmp_path)
     line = one_line_failure(res, 2)
     assert says in line, line
+    assert len(line) < 11_000, len(line)  # the application's text cut as the worker cuts it
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
