@@ -42,7 +42,7 @@ except ImportError as exc:
 
 from ._urls import shown_url
 from .cli._common import exit_past_abandoned_jobs, stop_on_signals, worker_options
-from .cli._errors import explain
+from .cli._errors import explain, notice
 from .cli._shown import shown, stderr_handler
 from .store import Store
 from .tasks import Task, Tasks
@@ -192,5 +192,5 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
         if isinstance(exc, NotInstalled):  # no --url here: say which database the app opened
             message += f" (the app's database: {shown(shown_url(store.engine.url))})"
         raise (_CannotRun if code == 2 else _Failed)(message) from exc
-    click.echo(f"worker: {worker.processed} job(s) done")
+    notice(f"worker: {worker.processed} job(s) done")
     exit_past_abandoned_jobs(worker._abandoned)  # their threads die with the process

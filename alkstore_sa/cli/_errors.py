@@ -28,6 +28,7 @@ exit codes:
      cannot be imported, a SQLite file that does not exist (only `migrate` creates one, not
      its directory), or tables that are not installed or are outdated (run `alkstore migrate`)
   141  stdout was closed by its reader (`| head`): no message, as other Unix tools end
+       (not a worker, run-schedules or dashboard: they keep their own exit code)
 
 An error is one line on stderr; add --traceback to see where it happened."""
 
@@ -59,18 +60,34 @@ def report(exc: BaseException, args: argparse.Namespace | None, *, show_tracebac
 
 def stdout_closed() -> int:
     """End quietly after stdout's reader went away (``| head``): nothing to report, and no
-    one to report it to on stdout. stdout is pointed at devnull, so the interpreter's final
-    flush of what is still buffered does not fail a second time (Python's signal docs,
-    "Note on SIGPIPE"). Returns the exit code."""
+    one to report it to on stdout. Returns the exit code."""
+    _stdout_to_devnull()
+    return EXIT_STDOUT_CLOSED
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at devnull, so later writes and the interpreter's final flush of what is
+    still buffered do not fail again (Python's signal docs, "Note on SIGPIPE")."""
     try:
         fd = sys.stdout.fileno()
-    except (OSError, ValueError):  # stdout is no file descriptor (replaced in-process): nothing to redirect
-        return EXIT_STDOUT_CLOSED
+    except (OSError, ValueError, AttributeError):  # no file descriptor (replaced in-process, None)
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     if devnull != fd:
         os.close(devnull)
-    return EXIT_STDOUT_CLOSED
+
+
+def notice(line: str) -> None:
+    """Print a line that tells the operator how a long-running command is doing (a worker's
+    metrics address and its final count, the dashboard's address) — not the command's
+    output: when stdout's reader is gone (``| head -1``, a supervisor's log pipe closed),
+    the line is dropped and the command goes on to its own exit code, instead of ending
+    with 141 as a command whose output went unread does."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        _stdout_to_devnull()
 
 
 def explain(exc: BaseException, args: argparse.Namespace | None) -> tuple[int, str]:

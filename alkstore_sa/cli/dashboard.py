@@ -7,7 +7,7 @@ import ipaddress
 import logging
 
 from ._common import add_database_options, open_store, stop_on_signals
-from ._errors import UsageError
+from ._errors import UsageError, notice
 
 log = logging.getLogger("alkstore_sa.cli")
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             )
         stop = stop_on_signals("stopping the dashboard")
         mode = " (read-only)" if args.read_only else ""
-        print(f"alkstore dashboard: serving {served_url(server)}{mode}", flush=True)
+        notice(f"alkstore dashboard: serving {served_url(server)}{mode}")
         serve_until(server, stop)
     finally:
         store.close()

@@ -26,7 +26,7 @@ from ._common import (
     stop_on_signals,
     worker_options,
 )
-from ._errors import TRACEBACK_HINT, UsageError
+from ._errors import TRACEBACK_HINT, UsageError, notice
 
 log = logging.getLogger("alkstore_sa.cli")
 
@@ -153,7 +153,7 @@ def _serve_metrics(metrics: Any, store: Any, port: int) -> None:
         metrics.serve(store, port)
     except OSError as exc:  # e.g. the port is taken: said as the one-line error, exit 1
         raise OSError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror or exc}") from exc
-    print(f"worker: metrics at http://127.0.0.1:{port}/metrics", flush=True)
+    notice(f"worker: metrics at http://127.0.0.1:{port}/metrics")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         if metrics is not None:
             _serve_metrics(metrics, store, args.metrics_port)
         worker.run(stop, burst=args.burst)
-        print(f"worker: {worker.processed} job(s) done", flush=True)
+        notice(f"worker: {worker.processed} job(s) done")
     finally:
         store.close()
     exit_past_abandoned_jobs(worker._abandoned)  # their threads die with the process

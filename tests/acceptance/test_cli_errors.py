@@ -770,3 +770,35 @@ def test_a_sqlite_file_that_cannot_be_opened_is_not_blamed_on_a_server(tmp_path:
     assert "unable to open database file" in line and "server" not in line, line
     assert "--url" in line and "SQLite" in line, line
     assert not (tmp_path / "missing.db").exists()
+
+
+@pytest.mark.parametrize("metrics", [False, True], ids=["plain", "metrics-port"])
+def test_a_worker_whose_stdout_is_closed_still_exits_with_its_own_code(
+    sqlite_db: Target, tmp_path: Path, metrics: bool
+) -> None:
+    """A worker's stdout lines (the metrics address, the final 'N job(s) done') are notices,
+    not the command's output: a reader gone (``| head -1``, a supervisor's log pipe closed)
+    leaves the worker's work and exit code as they were — was exit 141 after a run that
+    ended well (and, with ``--metrics-port``, before the worker claimed anything)."""
+    sqlite_db.store().close()
+    store = alk.Store(sqlite_db.url)
+    store.queue("q").enqueue({"n": 1})
+    argv = ["worker", "builtins:repr", "--queue", "q", "--burst", "--url", sqlite_db.url]
+    if metrics:
+        pytest.importorskip("prometheus_client")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            argv += ["--metrics-port", str(s.getsockname()[1])]
+    proc = subprocess.Popen(
+        [str(ALKSTORE), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, env=env(), cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the worker writes its first line
+    err = proc.stderr.read().decode()
+    try:
+        assert proc.wait(timeout=STARTUP) == 0, err
+        assert "Traceback" not in err, err
+        assert store.queue("q").stats().ready == 0  # the job ran
+    finally:
+        store.close()

@@ -268,3 +268,19 @@ def test_flask_alkstore_workers_log_is_inert(sqlite_db: Target, tmp_path: Path, 
     assert proc.returncode == 0, (out, err)
     assert_inert(out + err)
     assert f": {SHOWN}\n" in err, err
+
+
+def test_flask_alkstore_worker_whose_stdout_is_closed_exits_with_its_own_code(
+    sqlite_db: Target, tmp_path: Path, qname: str
+) -> None:
+    """As ``alkstore worker``: the final 'N job(s) done' into a stdout whose reader is gone
+    (``| head -1``, a supervisor's log pipe closed) is dropped, and a run that ended well
+    exits 0 — was exit 1 (click's own answer to EPIPE)."""
+    (tmp_path / "flaskapp.py").write_text(APP)
+    sqlite_db.store().close()
+    proc = _flask(sqlite_db, tmp_path, qname, "--burst")
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the worker writes its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=STARTUP) == 0, err
+    assert "Traceback" not in err, err
