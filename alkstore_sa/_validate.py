@@ -95,6 +95,23 @@ def unique_key(value: object) -> str | None:
     return value
 
 
+def int_text(text: str) -> int:
+    """An integer written in ASCII (as ``int()`` reads it otherwise: sign, surrounding
+    spaces). ``int()`` alone also reads every other script's decimal digits ('\u0663' is
+    3), which no number typed at a command line or into a URL means; ValueError for them."""
+    if not text.isascii():
+        raise ValueError(f"not an integer: {text!r}")
+    return int(text)
+
+
+def float_text(text: str) -> float:
+    """A number written in ASCII; ``float()`` alone reads other scripts' digits too
+    (``int_text``). ValueError otherwise."""
+    if not text.isascii():
+        raise ValueError(f"not a number: {text!r}")
+    return float(text)
+
+
 def _number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidOptions(f"{what} must be a number, got {type(value).__name__}")

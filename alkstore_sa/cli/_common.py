@@ -179,6 +179,10 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*a, **kw)
         self.register("action", None, Once)
         self.register("action", "store", Once)
+        # type=int / type=float read ASCII digits only (int() takes '\u0663' for 3); the
+        # usage error still says "invalid int value"
+        self.register("type", int, _validate.int_text)
+        self.register("type", float, _validate.float_text)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,

@@ -46,7 +46,7 @@ def _concurrency(text: str) -> int | str:
     if text.strip().lower() == NONE:
         return NONE  # not None: that is "option not given"
     try:
-        n = int(text)
+        n = v.int_text(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number of jobs or 'none', got {text!r}") from None
     if n < 1:
@@ -63,7 +63,7 @@ def _rate(text: str) -> tuple[int, float] | str:
     if not slash:
         raise argparse.ArgumentTypeError(f"expected N/SECONDS (e.g. 100/60) or 'none', got {text!r}")
     try:
-        n, per = int(limit), float(seconds)
+        n, per = v.int_text(limit), v.float_text(seconds)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N/SECONDS with a whole N and a number of seconds, got {text!r}") from None
     if n < 1:

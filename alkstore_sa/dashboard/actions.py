@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from .. import _validate
 from .._backends.queue_ops import Requeued
 from ..errors import InvalidOptions
 from ..model import Job
@@ -44,7 +45,7 @@ def form_ids(request: Request) -> list[int]:
     if len(raw) > MAX_IDS:
         raise InvalidOptions(f"at most {MAX_IDS} jobs at once")
     try:
-        return list(dict.fromkeys(int(x) for x in raw))
+        return list(dict.fromkeys(_validate.int_text(x) for x in raw))
     except ValueError:
         raise InvalidOptions("job ids must be integers") from None
 

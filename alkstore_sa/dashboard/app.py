@@ -30,7 +30,7 @@ STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/java
 def _path(pattern: str) -> re.Pattern[str]:
     """A route's path pattern. DOTALL: a queue name may hold a line break, which ``.``
     alone would not match (its page and actions would be 404)."""
-    return re.compile(pattern, re.DOTALL)
+    return re.compile(pattern, re.DOTALL | re.ASCII)  # ASCII: \d is no other script's digit
 
 
 # queue names are greedy (.+): a name may itself contain "/" (sent encoded, decoded by the

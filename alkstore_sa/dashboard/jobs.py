@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from .. import _validate
 from .._validate import decode_payload
 from ..errors import InvalidOptions
 from ..model import Job
@@ -23,7 +24,7 @@ def int_arg(view: View, name: str) -> int | None:
     if raw is None or raw == "":
         return None
     try:
-        return int(raw)
+        return _validate.int_text(raw)
     except ValueError:
         raise InvalidOptions(f"{name} must be an integer, got {raw!r}") from None
 
@@ -41,7 +42,7 @@ def float_arg(view: View, name: str) -> float | None:
     if raw is None or raw == "":
         return None
     try:
-        value = float(raw)
+        value = _validate.float_text(raw)
     except ValueError:
         value = math.nan
     if not math.isfinite(value):

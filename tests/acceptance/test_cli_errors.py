@@ -802,3 +802,22 @@ def test_a_worker_whose_stdout_is_closed_still_exits_with_its_own_code(
         assert store.queue("q").stats().ready == 0  # the job ran
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("digits", ["\u0663", "\uff13", "\u0969", "1\u0660"], ids=["arabic-indic", "fullwidth", "devanagari", "mixed"])
+def test_every_numeric_option_refuses_digits_of_another_script(digits: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """int() and float() read any Unicode decimal digit ('٣' is 3): a number on the command
+    line is ASCII digits, and anything else is the usual usage error, exit 2."""
+    numeric = [(path, a) for path, a in _options(build_parser()) if a.type in (int, float)]
+    assert numeric  # --limit, --before, -c, --grace, --metrics-port, --port, --lease, ...
+    for path, action in numeric:
+        positionals = {"worker": ["builtins:repr"], "alembic-revision": []}.get(path[0], [])
+        argv = [*path, *positionals, action.option_strings[-1], digits]
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(argv)
+        assert exc.value.code == 2, argv
+        assert action.option_strings[-1] in capsys.readouterr().err, argv
+    for argv in (["dead", "show", digits], ["dead", "requeue", "--queue", "q", digits]):
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(argv)
+        assert exc.value.code == 2, argv

@@ -70,6 +70,10 @@ BAD = [
     (["limit", "q", "--rate", "10/nan"], "--rate"),
     (["limit", "q", "--concurrency", "3", "--rate", "10/1e12"], "--rate: the window must be at most 100 years"),  # one good, one bad: neither
     (["limit", "q", "--concurrency", "3", "--rate", "10/1e-9"], "--rate: the window must be at least 0.001"),  # too short to measure
+    # digits of another script: int() and float() read them, the CLI does not (was: set to 3)
+    (["limit", "q", "--concurrency", "\u0663"], "--concurrency"),
+    (["limit", "q", "--rate", "\u0663/60"], "--rate"),
+    (["limit", "q", "--rate", "3/\u0666\u0660"], "--rate"),
     (["limit", "q"], "--concurrency"),
     (["limit", "__alkstore_q", "--concurrency", "3"], "reserved"),
     (["pause"], "queue"),

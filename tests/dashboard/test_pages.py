@@ -71,6 +71,11 @@ def test_queue_page_default_state_and_bad_state(dash, store: alk.Store, qname: s
     assert job_ids(dash.get(f"/queues/{qname}").text) == s.ready
     assert dash.get(f"/queues/{qname}?state=bogus").status == 400
     assert dash.get(f"/queues/{qname}?after=x").status == 400
+    # digits of another script are no number here either (int() reads '\u0663' as 3)
+    arabic_3 = "%D9%A3"
+    assert dash.get(f"/queues/{qname}?after={arabic_3}").status == 400
+    assert dash.get(f"/queues/{qname}?state=scheduled&run_at={arabic_3}&after=1").status == 400
+    assert dash.get(f"/jobs/{arabic_3}").status == 404
 
 
 def _ts(clock: FakeClock, offset: float = 0.0) -> str:
