@@ -258,9 +258,17 @@ def aware_datetime(value: object, what: str) -> float:
     UTC has none), or every later read of the row would fail."""
     if not isinstance(value, datetime):
         raise InvalidOptions(f"{what} must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+    try:
+        # value.utcoffset(), not tzinfo.utcoffset(): the datetime checks what the tzinfo
+        # answers (a timedelta within a day); timestamp() asks it again
+        aware = value.tzinfo is not None and value.utcoffset() is not None
+        seconds = value.timestamp() if aware else 0.0
+    except Exception as exc:  # noqa: BLE001 - the caller's tzinfo raised, or answered no offset
+        raise InvalidOptions(
+            f"{what} has a tzinfo whose utcoffset() failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not aware:
         raise InvalidOptions(f"{what} must be timezone-aware")
-    seconds = value.timestamp()
     try:
         datetime.fromtimestamp(seconds, timezone.utc)
     except (OverflowError, ValueError, OSError):

@@ -8,7 +8,7 @@ import asyncio
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from types import SimpleNamespace
 from typing import Any
 
@@ -144,10 +144,34 @@ def test_bad_queue_options(db: Target, store: alk.Store, q: alk.Queue, opts: dic
 
 
 NAIVE = datetime(2030, 1, 1, 12, 0)
+
+
+class _BrokenZone(tzinfo):
+    """A tzinfo of the caller's whose ``utcoffset()`` raises or answers what is no offset."""
+
+    def __init__(self, offset: object) -> None:
+        self.offset = offset
+
+    def utcoffset(self, dt: datetime | None) -> Any:
+        if isinstance(self.offset, Exception):
+            raise self.offset
+        return self.offset
+
+    def dst(self, dt: datetime | None) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"_BrokenZone({self.offset!r})"
+
+
+BROKEN_ZONES = [
+    datetime(2030, 1, 1, tzinfo=_BrokenZone(offset))
+    for offset in (RuntimeError("no offset today"), KeyError("zone"), "+05:00", 3600, timedelta(hours=25))
+]
 BAD_ENQUEUE_OPTS = [
     *({"delay": x} for x in (-1, -0.001, timedelta(seconds=-1), NAN, INF, -INF, True,
                              OVER_100Y, 10**400)),
-    {"run_at": NAIVE}, {"run_at": datetime(2000, 1, 1)},
+    {"run_at": NAIVE}, {"run_at": datetime(2000, 1, 1)}, *({"run_at": x} for x in BROKEN_ZONES),
     *({"priority": x} for x in (1.5, 1.0, "1", None, True, False, I32 + 1, -(2**31) - 1, NAN)),
     *({"max_attempts": x} for x in (0, -1, I32 + 1, True, 2.0)),
     *({"expires": x} for x in (0, -1, timedelta(0), NAN, INF, True, OVER_100Y,
