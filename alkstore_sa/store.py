@@ -530,14 +530,18 @@ class Store:
             # the store's side is read on a second connection while the caller's transaction
             # holds one: behind a transaction pooler whose server connections are all held
             # that way, the read waits until the pooler gives up, and its bare error
-            # ("query_wait_timeout") says nothing of why the store read anything
+            # ("query_wait_timeout") says nothing of why the store read anything. Reading it
+            # at startup avoids that wait; it does nothing for a database that is down.
+            hint = (
+                " Call store.check_schema() when the application starts, after any "
+                "store.register(): it reads that beforehand, so no transaction of yours waits "
+                "for a second connection here, which a transaction pooler may never give "
+                "(docs/pgbouncer.md)"
+            ) if _waited_for_a_connection(exc) else ""
             raise DatabaseError(
                 f"{exc}: reading the store's database on one of its own connections failed (the "
                 f"check, before this engine's first job is written, that it reaches that "
-                f"database). Call store.check_schema() when the application starts, after any "
-                f"store.register(): it reads that beforehand, so no transaction of yours waits "
-                f"for a second connection here, which a transaction pooler may never give "
-                f"(docs/pgbouncer.md)",
+                f"database).{hint}",
                 exc.orig,
             ) from exc
         if not same:
@@ -573,6 +577,14 @@ class Store:
     def _read_own_identity(self) -> tuple[Any, ...]:
         with Lease(self._conns) as own:
             return self.backend.database_identity(own)
+
+
+def _waited_for_a_connection(exc: DatabaseError) -> bool:
+    """Whether a read failed waiting for a connection to be free — a transaction pooler's
+    ``query_wait_timeout``, or the pool's own TimeoutError — rather than because the
+    database is down, cannot be opened or refused the statement."""
+    orig = exc.orig
+    return isinstance(orig, sa.exc.TimeoutError) or "query_wait_timeout" in str(orig)
 
 
 def _in_thread(read: Callable[[], T]) -> concurrent.futures.Future[T]:

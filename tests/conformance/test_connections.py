@@ -425,3 +425,31 @@ def test_a_listen_url_reaching_another_database_is_refused_by_listen(pg_db: Targ
             assert note is not None and note.payload == "heard"
     finally:
         store.close()
+
+
+def test_a_store_side_that_cannot_be_reached_at_the_same_database_check_says_only_that(
+    db: Target, tmp_path: Path
+) -> None:
+    """The first caller's-transaction call through an engine besides the store's reads the
+    store's database on one of the store's connections. When that read fails because the
+    database is down or cannot be opened, the error says so — it added "call
+    store.check_schema() at startup ... a transaction pooler may never give", which is the
+    answer only to a read that waited for a connection (tests/faults/test_pgbouncer.py).
+    The driver's error stays the cause, and nothing is written."""
+    if db.kind == "sqlite":
+        unreachable = f"sqlite:///{tmp_path / 'no-such-directory' / 'app.db'}"
+    else:
+        unreachable = "postgresql+psycopg://postgres@127.0.0.1:1/test"  # nothing listens on port 1
+    store = alk.Store(unreachable, schema=db.schema)
+    try:
+        with Session(db.engine) as session:
+            with pytest.raises(alk.DatabaseError) as caught:
+                alk.enqueue(session, store.queue("down"), {"x": 1})
+            session.commit()
+    finally:
+        store.close()
+    message = str(caught.value)
+    assert "check_schema" not in message and "pooler" not in message, message
+    assert "reading the store's database" in message, message
+    assert caught.value.__cause__ is not None and caught.value.orig is not None
+    assert alk.Store(db.engine, schema=db.schema).queue("down").stats().ready == 0
