@@ -31,6 +31,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from . import _validate
 from .errors import AlkstoreError, InvalidOptions, MissingExtra, NotInstalled
 
 try:
@@ -42,8 +43,9 @@ except ImportError as exc:
 
 from ._urls import shown_url
 from .cli._common import exit_past_abandoned_jobs, stop_on_signals, worker_options
-from .cli._errors import explain, notice
+from .cli._errors import UsageError, explain, notice
 from .cli._shown import shown, stderr_handler
+from .cli._worker_options import WORKER_OPTIONS, metrics_module, serve_metrics
 from .store import Store
 from .tasks import Task, Tasks
 from .worker import Worker
@@ -147,32 +149,65 @@ class _Once(click.Option):
         return values[0] if values else self.single_default
 
 
+class _Number(click.ParamType):
+    """An int or float option's value, read in ASCII digits only, as ``alkstore worker``
+    reads it (``int()`` alone, and so click's INT, takes '\u0663' for 3)."""
+
+    def __init__(self, name: str, read: Callable[[str], Any]) -> None:
+        self.name = name
+        self.read = read
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # a default
+            return value
+        try:
+            return self.read(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a valid {self.name}", param, ctx)
+
+
+_TYPES: dict[str, Any] = {
+    "int": _Number("integer", _validate.int_text), "float": _Number("number", _validate.float_text), "str": None,
+}
+
+
+def _with_worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``alkstore worker``'s options (cli._worker_options.WORKER_OPTIONS) as click options."""
+    for o in reversed(WORKER_OPTIONS):
+        if o.kind == "flag":
+            option = click.option(*o.flags, o.dest, is_flag=True, help=o.help)
+        elif o.kind == "queues":
+            option = click.option(*o.flags, o.dest, multiple=True, help=o.help)
+        else:
+            option = click.option(*o.flags, o.dest, cls=_Once, type=_TYPES[o.kind], default=o.default,
+                                  metavar=o.metavar, help=o.help)
+        command = option(command)
+    return command
+
+
 def _group() -> AppGroup:
     group = AppGroup("alkstore", help="alkstore_sa: run the app's tasks.")
 
     @group.command("worker")
-    @click.option("--queue", "-q", "queues", multiple=True,
-                  help="a queue to serve (repeatable; default: every queue that has a task)")
-    @click.option("-c", "--concurrency", cls=_Once, type=int, help="jobs in flight at once (default 8)")
-    @click.option("--worker-id", cls=_Once, help="claimant label (default host:pid:random)")
-    @click.option("--batch-size", cls=_Once, type=int, help="jobs per claim (default: concurrency)")
-    @click.option("--poll-interval", cls=_Once, type=float, default=5.0, help="re-poll safety net, seconds (default 5)")
-    @click.option("--grace", cls=_Once, type=float, default=30.0, help="seconds in-flight jobs get at shutdown (default 30)")
-    @click.option("--burst", is_flag=True, help="exit once no queue has anything claimable")
-    def worker(queues: tuple[str, ...], concurrency: int | None, worker_id: str | None,
-               batch_size: int | None, poll_interval: float, grace: float, burst: bool) -> None:
+    @_with_worker_options
+    def worker(queue: tuple[str, ...], concurrency: int | None, worker_id: str | None, batch_size: int | None,
+               poll_interval: float, grace: float, burst: bool, metrics_port: int | None) -> None:
         """Run the app's tasks until SIGTERM/SIGINT (then finish in-flight jobs, exit 0)."""
         try:  # checked under the options' own names (Worker() would say 'shutdown_grace' for --grace)
             options = worker_options(concurrency=concurrency, worker_id=worker_id, batch_size=batch_size,
                                      poll_interval=poll_interval, grace=grace)
-        except InvalidOptions as exc:
+            metrics = metrics_module(metrics_port)
+        except (InvalidOptions, UsageError) as exc:
             raise click.UsageError(str(exc)) from None
-        _run(current_app._get_current_object(), list(queues) or None, options, burst)  # type: ignore[attr-defined]
+        _run(current_app._get_current_object(), list(queue) or None, options, burst,  # type: ignore[attr-defined]
+             metrics, metrics_port)
 
     return group
 
 
-def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: bool) -> None:
+def _run(
+    app: Flask, queues: list[str] | None, options: dict[str, Any], burst: bool, metrics: Any, metrics_port: int | None
+) -> None:
     log = logging.getLogger("alkstore_sa")
     if not logging.getLogger().handlers and not log.handlers:  # as `alkstore worker` logs (escaped)
         logging.basicConfig(level=logging.INFO, handlers=[stderr_handler()])
@@ -186,6 +221,11 @@ def _run(app: Flask, queues: list[str] | None, options: dict[str, Any], burst: b
         raise click.UsageError(str(exc)) from exc
     stop = stop_on_signals(exit_after=worker.shutdown_grace)
     try:
+        if metrics is not None:
+            try:
+                serve_metrics(metrics, store, metrics_port)  # type: ignore[arg-type]
+            except OSError as exc:  # the port is taken: one line, exit 1
+                raise _Failed(str(exc)) from exc
         worker.run(stop, burst=burst)
     except (AlkstoreError, sa.exc.DBAPIError) as exc:  # NotInstalled names the command to run
         code, message = explain(exc, None)

@@ -27,6 +27,7 @@ from ._common import (
     worker_options,
 )
 from ._errors import TRACEBACK_HINT, UsageError, notice
+from ._worker_options import add_worker_options, metrics_module, serve_metrics
 
 log = logging.getLogger("alkstore_sa.cli")
 
@@ -37,23 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "handler", metavar="MODULE:OBJ",
         help="a Tasks registry (e.g. myapp.jobs:tasks) or a handler function (e.g. myapp.jobs:send_email)",
     )
-    p.add_argument(
-        "--queue", "-q", action="append", default=None,
-        help="a queue to consume; repeatable. Required with a handler; narrows a Tasks registry",
-    )
-    p.add_argument(
-        "-c", "--concurrency", type=int, default=None,
-        help="jobs in flight at once (default 8 for a Tasks registry, 4 for a handler)",
-    )
-    p.add_argument("--worker-id", default=None, help="claimant label (default host:pid:random)")
-    p.add_argument("--batch-size", type=int, default=None, help="jobs per claim (default: concurrency)")
-    p.add_argument("--poll-interval", type=float, default=5.0, help="re-poll safety net, seconds (default 5)")
-    p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight jobs get at shutdown (default 30)")
-    p.add_argument("--burst", action="store_true", help="exit once no queue has anything claimable")
-    p.add_argument(
-        "--metrics-port", type=int, default=None, metavar="N",
-        help="serve Prometheus metrics at http://127.0.0.1:N/metrics (needs alkstore-sa[metrics])",
-    )
+    add_worker_options(p)
     add_database_options(p)
     p.set_defaults(func=run)
 
@@ -132,30 +117,6 @@ def _import(module_name: str, spec: str) -> Any:
         ) from exc
 
 
-def _metrics_module(port: int | None) -> Any:
-    """``alkstore_sa.metrics`` when ``--metrics-port`` was given (None otherwise); a
-    UsageError for a bad port or a missing extra, before anything starts."""
-    if port is None:
-        return None
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--metrics-port must be a TCP port between 1 and 65535, got {port}")
-    try:
-        import alkstore_sa.metrics as metrics
-    except ImportError as exc:
-        raise UsageError(
-            "--metrics-port needs prometheus_client: pip install 'alkstore-sa[metrics]'"
-        ) from exc
-    return metrics
-
-
-def _serve_metrics(metrics: Any, store: Any, port: int) -> None:
-    try:
-        metrics.serve(store, port)
-    except OSError as exc:  # e.g. the port is taken: said as the one-line error, exit 1
-        raise OSError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror or exc}") from exc
-    notice(f"worker: metrics at http://127.0.0.1:{port}/metrics")
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         options = worker_options(
@@ -184,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             f"--queue is required with a handler ({args.handler!r} is a function, not a Tasks registry); "
             "see alkstore worker --help"
         )
-    metrics = _metrics_module(args.metrics_port)
+    metrics = metrics_module(args.metrics_port)
     store = open_store(args)
     try:
         try:
@@ -200,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             log.info("worker: stopped before it started; no job was claimed")
             return 0
         if metrics is not None:
-            _serve_metrics(metrics, store, args.metrics_port)
+            serve_metrics(metrics, store, args.metrics_port)
         worker.run(stop, burst=args.burst)
         notice(f"worker: {worker.processed} job(s) done")
     finally:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from alkstore_sa.cli import build_parser
 
@@ -48,3 +51,41 @@ def test_the_worker_table_lists_every_option_of_the_command_with_its_default() -
                 assert rows[option].replace("`", "") in (str(action.default), f"{action.default:g}"), (
                     option, rows[option], action.default)
     assert set(rows) <= taken, f"docs/worker.md's table names options the command lacks: {set(rows) - taken}"
+
+
+def test_flask_alkstore_worker_takes_the_options_of_alkstore_worker() -> None:
+    """``flask alkstore worker`` runs the same worker: it takes every option of ``alkstore
+    worker`` (so every one in docs/worker.md's table), with the same defaults and whether
+    it is repeatable or a flag — it lacked ``--metrics-port``. Only the database options are
+    not its own: it serves the app's Store, which carries the URL, schema and listen_url."""
+    pytest.importorskip("flask")
+    from flask import Flask
+
+    import alkstore_sa as alk
+    from alkstore_sa.flask import init_app
+
+    app = Flask("options")
+    store = alk.Store("sqlite:///unused.db")  # never opened: only the command is built
+    try:
+        init_app(app, alk.Tasks(), store)
+        command = app.cli.commands["alkstore"].commands["worker"]  # type: ignore[attr-defined]
+    finally:
+        store.close()
+    flask_options: dict[str, Any] = {}
+    for param in command.params:
+        for option in param.opts:
+            default = getattr(param, "single_default", param.default)
+            flask_options[option] = (param.is_flag, param.multiple and not hasattr(param, "single_default"), default)
+    cli_options: dict[str, Any] = {}
+    for action in _worker_parser()._actions:
+        for option in action.option_strings:
+            if option not in SHARED:
+                repeatable = isinstance(action, argparse._AppendAction)
+                cli_options[option] = (action.nargs == 0, repeatable, action.default if action.nargs != 0 else False)
+    for option, (flag, repeatable, default) in cli_options.items():
+        assert option in flask_options, f"flask alkstore worker lacks {option}"
+        assert flask_options[option][:2] == (flag, repeatable), option
+        if not repeatable and not flag:  # a flag is off unless given (click's default: unset)
+            assert flask_options[option][2] == default, option
+    assert set(flask_options) - {"--help"} == set(cli_options), set(flask_options) ^ set(cli_options)
+    assert set(_table_rows()) <= set(flask_options)

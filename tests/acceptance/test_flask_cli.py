@@ -284,3 +284,24 @@ def test_flask_alkstore_worker_whose_stdout_is_closed_exits_with_its_own_code(
     err = proc.stderr.read()
     assert proc.wait(timeout=STARTUP) == 0, err
     assert "Traceback" not in err, err
+
+
+def test_flask_alkstore_worker_serves_metrics_as_alkstore_worker_does(
+    sqlite_db: Target, tmp_path: Path, qname: str
+) -> None:
+    """``--metrics-port`` (it had none): the address line, then the run; a bad port or a
+    number in another script's digits is a usage error, exit 2, before anything runs."""
+    pytest.importorskip("prometheus_client")
+    (tmp_path / "flaskapp.py").write_text(APP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _flask(sqlite_db, tmp_path, qname, "--burst", "--metrics-port", str(port))
+    out, err = proc.communicate(timeout=STARTUP)
+    assert proc.returncode == 0, (out, err)
+    assert f"worker: metrics at http://127.0.0.1:{port}/metrics\n" in out, out
+    for argv in (["--metrics-port", "0"], ["-c", "\u0663"], ["--grace", "\u0663"]):
+        proc = _flask(sqlite_db, tmp_path, qname, "--burst", *argv)
+        out, err = proc.communicate(timeout=STARTUP)
+        assert proc.returncode == 2, (argv, out, err)
+        assert argv[0] in err and "worker:" not in out, (argv, err)
