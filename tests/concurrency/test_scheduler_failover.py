@@ -11,10 +11,8 @@ at least one boundary falls inside the leaderless gap and the catch-up path must
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,25 +20,13 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa.scheduler import LEADER_LOCK
+from tests.concurrency.schedule_runners import INTERVAL, LEADS, LEASE, fired, start_runners
 from tests.support import Target, wait_for
 
-ALKSTORE = str(Path(sys.executable).parent / "alkstore")
-LEASE = 2.0
-INTERVAL = 1.0
 SLACK = 1.0  # process scheduling on a loaded 2-core CI machine
-LEADS = re.compile(r"scheduler (\S+) leads")
 
 
 
-
-def fired(db: Target, queue: str) -> list[tuple[int, float]]:
-    param = "%s" if db.kind == "postgresql" else "?"
-    with db.engine.connect() as c:
-        rows = c.exec_driver_sql(
-            f"SELECT id, created_at FROM {db.table('alkstore_jobs')} WHERE queue = {param} ORDER BY id",
-            (queue,),
-        ).fetchall()
-    return [(int(i), float(t)) for i, t in rows]
 
 
 @pytest.mark.slow
@@ -51,14 +37,7 @@ def test_killed_leader_is_replaced_and_no_boundary_fires_twice(
     procs: list[subprocess.Popen[bytes]] = []
     logs = [tmp_path / f"runner-{i}.log" for i in range(2)]
     try:
-        for log in logs:
-            with open(log, "wb") as err:
-                procs.append(
-                    subprocess.Popen(
-                        [ALKSTORE, "run-schedules", "--lease", str(LEASE), "--url", db.url, "--schema", db.schema],
-                        stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
-                    )
-                )
+        start_runners(db, logs, procs)
 
         def leading() -> list[int]:
             for p in procs:

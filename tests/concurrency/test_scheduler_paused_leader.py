@@ -8,10 +8,8 @@ old lease; every boundary from the first is fired exactly once across both leade
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,22 +17,8 @@ import pytest
 
 import alkstore_sa as alk
 from alkstore_sa.scheduler import LEADER_LOCK
+from tests.concurrency.schedule_runners import INTERVAL, LEADS, fired, start_runners
 from tests.support import Target, wait_for
-
-ALKSTORE = str(Path(sys.executable).parent / "alkstore")
-LEASE = 2.0
-INTERVAL = 1.0
-LEADS = re.compile(r"scheduler (\S+) leads")
-
-
-def fired(db: Target, queue: str) -> list[float]:
-    param = "%s" if db.kind == "postgresql" else "?"
-    with db.engine.connect() as c:
-        rows = c.exec_driver_sql(
-            f"SELECT created_at FROM {db.table('alkstore_jobs')} WHERE queue = {param} ORDER BY id",
-            (queue,),
-        ).fetchall()
-    return [float(t) for (t,) in rows]
 
 
 @pytest.mark.slow
@@ -44,14 +28,7 @@ def test_a_leader_frozen_past_its_lease_fires_nothing_once_thawed(db: Target, qn
     logs = [tmp_path / f"runner-{i}.log" for i in range(2)]
     frozen: int | None = None
     try:
-        for log in logs:
-            with open(log, "wb") as err:
-                procs.append(
-                    subprocess.Popen(
-                        [ALKSTORE, "run-schedules", "--lease", str(LEASE), "--url", db.url, "--schema", db.schema],
-                        stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
-                    )
-                )
+        start_runners(db, logs, procs)
 
         def leaders() -> list[str]:
             for p in procs:
@@ -90,7 +67,7 @@ def test_a_leader_frozen_past_its_lease_fires_nothing_once_thawed(db: Target, qn
                 p.kill()
                 p.wait(10)
     try:
-        jobs = fired(db, qname)
+        jobs = [created for _, created in fired(db, qname)]
         final_next = store.schedules()[0].next_fire_at.timestamp()
         assert alk.Lock._reserved(store, LEADER_LOCK).holder() is None
     finally:
