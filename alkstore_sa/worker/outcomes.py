@@ -217,13 +217,27 @@ def _said(exc: BaseException, name: str) -> str | None:
 
 def _leaves(exc: BaseException) -> list[BaseException]:
     """The exceptions an exception group holds, however nested (``exc`` itself when it is
-    no group)."""
+    no group), in order. Walked with a stack of its own, not by recursion: a group nested
+    deeper than the recursion limit (a recursive crawl opening a TaskGroup per level, each
+    child in its own task) raised RecursionError here, and the job's outcome was lost. A
+    group met again (a subclass whose ``exceptions`` leads back to itself) is skipped."""
     if _GROUP is None or not isinstance(exc, _GROUP):
         return [exc]
-    inner = _attribute(exc, "exceptions")
-    if inner is _UNREADABLE or not isinstance(inner, tuple):
-        return [exc]
-    return [leaf for sub in inner for leaf in _leaves(sub)]
+    found: list[BaseException] = []
+    seen: set[int] = set()  # ids of the groups walked (all alive until this returns)
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, _GROUP):
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            inner = _attribute(current, "exceptions")
+            if inner is not _UNREADABLE and isinstance(inner, tuple):
+                stack.extend(reversed(inner))
+                continue
+        found.append(current)
+    return found
 
 
 def _grouped(exc: BaseException) -> BaseException | None:

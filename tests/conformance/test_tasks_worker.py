@@ -1991,3 +1991,43 @@ def test_what_an_async_job_set_in_its_context_is_not_seen_by_the_records_of_othe
         logger.setLevel(level)
     assert sorted(job_id for job_id, _ in records) == ids  # every job's outcome was logged
     assert [(job_id, bound) for job_id, bound in records if bound is not None] == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="ExceptionGroup: Python 3.11+")
+def test_a_deeply_nested_exception_group_is_still_an_outcome(store: alk.Store, qname: str) -> None:
+    """A group nested deeper than Python's recursion limit (a recursive crawl opening an
+    ``asyncio.TaskGroup`` per level nests one group per level; each child runs in its own
+    task, so the crawl itself never comes near the limit) is still mapped and recorded: a
+    ``Fail`` at its bottom is dead now, anything else a retry whose error says what it
+    holds. Walking it recursively raised RecursionError inside the worker's outcome
+    mapping, and the job stayed processing, nothing recorded, until its claim lapsed."""
+    depth = sys.getrecursionlimit() * 3
+    tasks = alk.Tasks()
+
+    @tasks.task(queue=qname, name="deep")
+    def deep(kind: str) -> None:
+        exc: BaseException = alk.Fail("no such user") if kind == "fail" else ValueError("bad row 7")
+        for level in range(depth):
+            exc = ExceptionGroup(f"level {level}", [exc])  # noqa: F821 - 3.11+
+        raise exc
+
+    ids = {kind: deep.enqueue(store, kind) for kind in ("fail", "error")}
+    _drain(store, tasks)
+    failed, errored = _job(store, qname, ids["fail"]), _job(store, qname, ids["error"])
+    assert failed is not None and (failed.state, failed.last_error) == ("dead", "no such user"), failed
+    assert errored is not None and errored.state == "pending" and errored.attempts == 1, errored
+    [entry] = errored.errors
+    assert entry["error"].startswith(f"level {depth - 1} (1 sub-exception): ") and "ValueError: bad row 7" in entry["error"], entry
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="ExceptionGroup: Python 3.11+")
+def test_a_group_whose_exceptions_lead_back_to_itself_is_rendered_once() -> None:
+    """A subclass whose ``exceptions`` holds the group itself is walked once, not forever."""
+    from alkstore_sa.worker.outcomes import text_of
+
+    class Looping(ExceptionGroup):  # type: ignore[type-arg]  # noqa: F821 - 3.11+
+        @property
+        def exceptions(self) -> tuple[BaseException, ...]:  # type: ignore[override]
+            return (self, KeyError("sku"))
+
+    assert text_of(Looping("loop", [ValueError("x")])) == "loop (1 sub-exception): KeyError: 'sku'"
