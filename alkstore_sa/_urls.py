@@ -16,6 +16,8 @@ query, so ``sqlite:///what?dir/app.db`` silently meant the file ``what``: refuse
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -57,13 +59,18 @@ def engine_from_url(url: str | URL, **kw: Any) -> Engine:
     ``connect_args`` win over the URL's options)."""
     parsed = parse_url(url)
     connect_args: dict[str, Any] = {}
+    given = kw.pop("connect_args", None) or {}
     if parsed.get_backend_name() == "postgresql":
         parsed, connect_args = _psycopg_options(parsed)
-        if "fallback_application_name" not in parsed.query:
+        options = (parsed.query.get("options"), given.get("options"), os.environ.get("PGOPTIONS"))
+        if "fallback_application_name" not in parsed.query and not any(map(_names_application, options)):
             # how pg_stat_activity names the store's connections, unless the URL's
-            # application_name or PGAPPNAME says otherwise (libpq's fallback is used only then)
+            # application_name or PGAPPNAME says otherwise (libpq's fallback is used only
+            # then). Not beside a name given as a server option (options=-c
+            # application_name=..., PGOPTIONS): the server applies a startup parameter
+            # after those, so the fallback would replace that name
             connect_args["fallback_application_name"] = APPLICATION_NAME
-    connect_args.update(kw.pop("connect_args", None) or {})
+    connect_args.update(given)
     if connect_args:
         kw["connect_args"] = connect_args
     try:
@@ -74,6 +81,12 @@ def engine_from_url(url: str | URL, **kw: Any) -> Engine:
         raise InvalidOptions(f"{hint} ({type(exc).__name__}: {exc})") from exc
     except (sa.exc.ArgumentError, TypeError, ValueError) as exc:
         raise InvalidOptions(f"cannot use the database URL {shown_url(parsed)}: {_one_line(exc)}") from exc
+
+
+def _names_application(options: object) -> bool:
+    """Whether libpq ``options`` (``-c application_name=x``, ``--application-name=x``) set
+    the session's application_name."""
+    return isinstance(options, str) and re.search(r"application[_-]name\s*=", options, re.IGNORECASE) is not None
 
 
 def parse_url(url: str | URL) -> URL:

@@ -53,3 +53,22 @@ def test_the_applications_own_engine_is_left_as_it_is(stores: list[alk.Store]) -
         assert _name(stores[0]) == before != "alkstore"
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("where", ["url-options", "pgoptions"])
+def test_a_name_given_as_a_server_option_wins(
+    stores: list[alk.Store], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """``options=-c application_name=...`` in the URL, or in ``PGOPTIONS``, names the
+    connections as it names any libpq client's. The server applies startup parameters after
+    ``options``, so a fallback_application_name sent beside it replaced that name with
+    'alkstore'."""
+    monkeypatch.delenv("PGAPPNAME", raising=False)
+    option = "-c application_name=from-options"
+    if where == "pgoptions":
+        monkeypatch.setenv("PGOPTIONS", option)
+        stores.append(alk.Store(PG_URL))
+    else:
+        sep = "&" if "?" in PG_URL else "?"
+        stores.append(alk.Store(f"{PG_URL}{sep}options={option.replace(' ', '%20').replace('=', '%3D')}"))
+    assert _name(stores[-1]) == "from-options"
