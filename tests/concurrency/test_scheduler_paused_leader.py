@@ -27,6 +27,11 @@ def test_a_leader_frozen_past_its_lease_fires_nothing_once_thawed(db: Target, qn
     procs: list[subprocess.Popen[bytes]] = []
     logs = [tmp_path / f"runner-{i}.log" for i in range(2)]
     frozen: int | None = None
+    # registered, and its first boundary read, before any runner starts: once one leads, it
+    # may fire that boundary between the two statements (a stall of a second on a loaded
+    # machine), and the first boundary read would be the second one
+    store.schedule("paused", "@every 1s", qname, {})
+    first_boundary = store.schedules()[0].next_fire_at.timestamp()
     try:
         start_runners(db, logs, procs)
 
@@ -41,8 +46,6 @@ def test_a_leader_frozen_past_its_lease_fires_nothing_once_thawed(db: Target, qn
         wait_for(leaders, "a runner to lead", 60)
         first = 0 if leading(0) else 1
         other = 1 - first
-        store.schedule("paused", "@every 1s", qname, {})
-        first_boundary = store.schedules()[0].next_fire_at.timestamp()
         wait_for(lambda: len(fired(db, qname)) >= 2, "the first leader to fire", 15)
 
         os.kill(procs[first].pid, signal.SIGSTOP)
