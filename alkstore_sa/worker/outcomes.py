@@ -47,13 +47,27 @@ def text_of(value: object) -> str:
     """``value``'s text for an error or a log line, never raising: ``str(value)``, else
     ``repr(value)`` (when ``str()`` raises or returns no str), else its type's name, and
     for an exception group the exceptions it holds; cut at MAX_ERROR_TEXT characters,
-    saying how many more there were."""
+    saying how many more there were (for a group, also how many exceptions were not
+    rendered: rendering stops at the cut)."""
     text = _rendered(value)
+    unshown = 0
     if _GROUP is not None and isinstance(value, _GROUP):
         # an exception group's own text names none of what failed ('unhandled errors in a
-        # TaskGroup (1 sub-exception)'): the exceptions it holds follow, with their types
-        text += ": " + "; ".join(_named(leaf) for leaf in _leaves(value))
-    return v.cut_text(text, MAX_ERROR_TEXT)
+        # TaskGroup (1 sub-exception)'): the exceptions it holds follow, with their types,
+        # as many as the cut leaves room for (thousands of children with long messages
+        # would otherwise be rendered whole, to be cut away)
+        leaves = _leaves(value)
+        parts: list[str] = []
+        length = len(text)
+        for leaf in leaves:
+            if length > MAX_ERROR_TEXT:
+                break
+            parts.append(_named(leaf))
+            length += len(parts[-1]) + 2
+        unshown = len(leaves) - len(parts)
+        text += ": " + "; ".join(parts)
+    text = v.cut_text(text, MAX_ERROR_TEXT)
+    return f"{text} (and {unshown} more exceptions, not shown)" if unshown else text
 
 
 def _named(exc: BaseException) -> str:

@@ -2031,3 +2031,24 @@ def test_a_group_whose_exceptions_lead_back_to_itself_is_rendered_once() -> None
             return (self, KeyError("sku"))
 
     assert text_of(Looping("loop", [ValueError("x")])) == "loop (1 sub-exception): KeyError: 'sku'"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="ExceptionGroup: Python 3.11+")
+def test_a_wide_exception_group_is_rendered_only_up_to_the_cut() -> None:
+    """The text recorded for a group is cut at 10,000 characters, so its exceptions are
+    rendered only until then, and the rest are counted: a TaskGroup of thousands of
+    children each failing with a long message (a response body) built the whole text first
+    — tens of megabytes per failed attempt for a 10,000-character record."""
+    from alkstore_sa.worker.outcomes import MAX_ERROR_TEXT, text_of
+
+    rendered: list[int] = []
+
+    class Loud(ValueError):
+        def __str__(self) -> str:
+            rendered.append(1)
+            return "x" * 1000
+
+    text = text_of(ExceptionGroup("batch", [Loud() for _ in range(1000)]))  # noqa: F821 - 3.11+
+    assert len(rendered) <= MAX_ERROR_TEXT // 1000 + 1, len(rendered)
+    assert text.startswith("batch (1000 sub-exceptions): Loud: xxx") and len(text) < MAX_ERROR_TEXT + 100, len(text)
+    assert text.endswith(f"(and {1000 - len(rendered)} more exceptions, not shown)"), text[-80:]
