@@ -46,8 +46,12 @@ def test_an_install_waits_for_another_past_the_roles_timeouts() -> None:
             runner.start()
             def waiting() -> object:
                 with admin.connect() as c:
+                    # the install lock alone (a bigint key: its high half in classid, low in
+                    # objid): another session's advisory lock must not stand in for the wait
                     return c.exec_driver_sql(
                         "SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                        " AND objsubid = 1 AND classid = %(hi)s AND objid = %(lo)s",
+                        {"hi": migrations._LOCK_KEY >> 32, "lo": migrations._LOCK_KEY & 0xFFFFFFFF},
                     ).scalar() or outcome
 
             wait_for(waiting, "the install to wait for the lock")
