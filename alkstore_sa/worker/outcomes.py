@@ -285,7 +285,9 @@ def _later(retry: BaseException) -> float:
 
 
 def _raised(work: Work, exc: BaseException) -> Outcome:
-    exc = _grouped(exc) or exc
+    grouped = _grouped(exc)
+    if grouped is not None:
+        exc = grouped
     if isinstance(exc, Fail):  # attributes read defensively: a subclass may set its own
         return Outcome("fail", _said(exc, "message"))
     if isinstance(exc, Retry):
