@@ -1,7 +1,9 @@
 """The dashboard's actions (POST only, after the CSRF checks in ``app``): requeue or delete
 dead jobs, cancel a pending job, pause or resume a queue. Each goes through the queue
-operations and answers 303 back to the page it came from; a cancel that finds the job no
-longer pending answers 409 with the reason."""
+operations and answers 303 back to the page it came from; an action that could not be
+carried out on a job (a cancel that finds it no longer pending, a requeue or delete of a
+job that is no longer dead, a requeue stopped by a held unique key) answers 409 with the
+reason, after acting on the rest of the selection."""
 
 from __future__ import annotations
 
@@ -56,57 +58,82 @@ def _form_text(text: str) -> str:
     return re.sub(r"\r\n|\r|\n", "\r\n", text)
 
 
-def _dead_jobs(view: View) -> list[Job]:
+GONE = "it is no longer a dead letter (requeued, deleted or purged since the page was shown)"
+
+
+def _dead_jobs(view: View) -> tuple[list[Job], list[tuple[int, str]]]:
     """The selected dead jobs (of the form's ``queue`` when given, compared as a form
-    carries a name); others are skipped."""
+    carries a name), and the other selected ids with why each is not one: another
+    operator may have requeued or deleted it since the page was shown."""
     queue = view.request.field("queue") or None
     wanted = None if queue is None else _form_text(queue)
-    jobs = []
+    jobs: list[Job] = []
+    refused: list[tuple[int, str]] = []
     for job_id in form_ids(view.request):
         found = stored_job(view.store, job_id)
-        if found is not None and found[0].state == "dead" and (wanted is None or _form_text(found[0].queue) == wanted):
-            jobs.append(found[0])
-    return jobs
+        job = None if found is None else found[0]
+        if job is None:
+            refused.append((job_id, GONE))
+        elif job.state != "dead":
+            refused.append((job_id, f"it is not a dead letter (it is {job.state})"))
+        elif wanted is not None and _form_text(job.queue) != wanted:
+            refused.append((job_id, f"it is a dead letter of another queue ({job.queue!r})"))
+        else:
+            jobs.append(job)
+    return jobs, refused
 
 
 def requeue_dead(view: View) -> Response:
     """Each selected dead job back as a fresh job with the stamps it had. A job whose
     unique key a live job holds, or whose stamps (written by hand) are out of the range
-    the API takes, is not requeued (nothing written, it stays dead): the answer (409)
-    lists those and why, after the others were requeued."""
-    refused: list[tuple[int, str]] = []
-    for job in _dead_jobs(view):
+    the API takes, is not requeued (nothing written, it stays dead); nor is one that is no
+    longer dead (another operator's requeue or delete came first, even between this
+    action's read and its write): the answer (409) lists those and why, after the others
+    were requeued."""
+    jobs, refused = _dead_jobs(view)
+    for job in jobs:
         try:
             q = listed_queue(
                 view.store, job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
                 backoff_base=job.backoff_base, dead_letter_retention=job.dead_letter_retention,
             )
         except InvalidOptions as exc:  # the job's own stamps, not the form: the rest still go
-            refused.append((job.id, f"its stamps cannot be used ({exc}; `alkstore dead requeue` gives the queue's defaults)"))
+            refused.append((job.id, f"its stamps cannot be used ({exc}; `alkstore dead requeue` gives the queue's defaults); it stays in the dead letters"))
             continue
         done = q._requeue_dead(job.id)
-        if done is not None and not done.moved:
+        if done is None:  # taken since it was read: the requeue found no dead row to move
+            refused.append((job.id, GONE))
+        elif not done.moved:
             refused.append((job.id, _held(done)))
-    back = back_to(view.request, "/dead")
-    if not refused:
-        return redirect(back)
-    items = "".join(
-        f"<li>job {job_id} was not requeued: {esc(why)}; it stays in the dead letters</li>"
-        for job_id, why in refused
-    )
-    body = f'<ul class="error" id="refusal">{items}</ul><p><a id="back-link" href="{esc(back)}">back</a></p>'
-    return view.page("Not requeued", body, status=409)
+    return _done_or_refused(view, "requeued", refused)
 
 
 def _held(done: Requeued) -> str:
     """Why a requeue that a held unique key stopped did not happen."""
-    return f"live job {done.job_id} holds its unique key {done.unique_key!r}"
+    return f"live job {done.job_id} holds its unique key {done.unique_key!r}; it stays in the dead letters"
 
 
 def delete_dead(view: View) -> Response:
-    for job in _dead_jobs(view):
-        listed_queue(view.store, job.queue).delete_dead(job.id)
-    return redirect(back_to(view.request, "/dead"))
+    """Delete each selected dead job; one that is no longer dead (another operator's
+    requeue or delete came first) is named in the answer (409), after the others went."""
+    jobs, refused = _dead_jobs(view)
+    for job in jobs:
+        if not listed_queue(view.store, job.queue).delete_dead(job.id):
+            refused.append((job.id, GONE))
+    return _done_or_refused(view, "deleted", refused)
+
+
+def _done_or_refused(view: View, done: str, refused: list[tuple[int, str]]) -> Response:
+    """Back to the page (303) when every selected job was acted on; else 409 naming each
+    one that was not, and why, in the order selected."""
+    back = back_to(view.request, "/dead")
+    if not refused:
+        return redirect(back)
+    order = {job_id: i for i, job_id in enumerate(form_ids(view.request))}
+    refused.sort(key=lambda r: order.get(r[0], 0))
+    items = "".join(f"<li>job {job_id} was not {done}: {esc(why)}</li>" for job_id, why in refused)
+    body = f'<ul class="error" id="refusal">{items}</ul><p><a id="back-link" href="{esc(back)}">back</a></p>'
+    return view.page(f"Not {done}", body, status=409)
 
 
 def cancel(view: View, job_id: int) -> Response:

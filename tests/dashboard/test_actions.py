@@ -552,3 +552,43 @@ def test_wsgi_a_body_shorter_than_its_content_length_is_refused(store: alk.Store
     create_wsgi_app(store, csrf_secret=b"k")(environ, lambda status, headers: statuses.append(status))
     assert statuses == ["400 Bad Request"]
     assert sorted(j.id for j in store.queue(qname).dead_jobs()) == s.dead
+
+
+@pytest.mark.parametrize("action", ["requeue", "delete"])
+def test_a_dead_job_another_operator_took_first_is_reported_not_acted_on(
+    dash, store: alk.Store, qname: str, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two operators on the same dead letters: a selected job that another operator
+    requeued or deleted since the page was shown — before this action read it, or between
+    its read and its own write — was silently skipped and the action answered 303 as if
+    the whole selection had been done (a requeue of a job the other operator had deleted
+    looked done; the job was gone for good). The answer (409) names each such job and says
+    it is no longer a dead letter; the other selected jobs are acted on."""
+    s = seed(store, qname, dead=3)
+    early, late, kept = s.dead
+    q = store.queue(qname)
+    token = _token(dash, f"/queues/{qname}?state=dead")
+    assert q.requeue_dead(early) is not None  # the other operator, before this action runs
+    read = actions.stored_job
+
+    def read_then_delete(st: alk.Store, i: int) -> tuple[alk.Job, str] | None:
+        found = read(st, i)
+        if i == late:  # ... and right after this action read the job as dead
+            assert q.delete_dead(late)
+        return found
+
+    monkeypatch.setattr(actions, "stored_job", read_then_delete)
+    r = dash.post(
+        f"/dead/{action}",
+        [("csrf_token", token), ("queue", qname), ("id", early), ("id", late), ("id", kept),
+         ("next", f"/queues/{qname}?state=dead")],
+    )
+    monkeypatch.undo()
+    assert r.status == 409, (r.status, r.headers.get("location"))
+    done = "requeued" if action == "requeue" else "deleted"
+    for job_id in (early, late):
+        assert f"job {job_id} was not {done}: it is no longer a dead letter" in r.text
+    assert f"job {kept} was not" not in r.text
+    assert f'href="/queues/{qname}?state=dead"' in r.text
+    assert q.dead_jobs() == [] and store.get_job(kept) is None  # the third one was acted on
+    assert q.stats().ready == len(s.ready) + (2 if action == "requeue" else 1)
