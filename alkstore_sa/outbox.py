@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
-from .errors import InvalidOptions
+from .errors import InvalidName, InvalidOptions
 from .model import Job
-from .queue import JobHandle, Queue, QueueOpts
+from .queue import DEFAULT_OPTS, JobHandle, Queue, QueueOpts
 from .stop import StopToken
 
 if TYPE_CHECKING:
@@ -36,6 +36,18 @@ def listed_queue(store: Store, name: str, **opts: Any) -> Queue:
         return store.queue(name, **opts)
     backing = store.outbox(outbox).queue
     return backing if not opts else Queue._unchecked(store, backing.name, QueueOpts.validated(**opts))
+
+
+def stored_queue(store: Store, name: str) -> Queue:
+    """The queue a name the database holds stands for, for the operator tools' sweeps and
+    deletes. A row written by hand or by another tool may name a queue ``store.queue``
+    refuses (empty, reserved, too long): it is taken as stored — those statements take the
+    name as a parameter and read the rows' own stamps — rather than refused, which would
+    stop the operation at that row."""
+    try:
+        return listed_queue(store, name)
+    except InvalidName:
+        return Queue._unchecked(store, name, DEFAULT_OPTS)
 
 
 def listed_queue_name(name: object) -> str:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import InvalidName
-from ..outbox import listed_queue, listed_queue_name
-from ..queue import DEFAULT_OPTS, Queue
-from ..store import Store
+from ..outbox import listed_queue, listed_queue_name, stored_queue
 from ._common import add_database_options, open_store
 from ._shown import shown
 
@@ -27,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         if given is not None:
             queues = [listed_queue(store, name) for name in given]
         else:
-            queues = [_as_stored(store, name) for name in store.queue_stats()]
+            queues = [stored_queue(store, name) for name in store.queue_stats()]
         for q in queues:
             result = q.sweep_expired()
             print(f"{shown(q.name)}: expired={result.expired} purged={result.purged}")
@@ -35,13 +32,3 @@ def run(args: argparse.Namespace) -> int:
         store.close()
     return 0
 
-
-def _as_stored(store: Store, name: str) -> Queue:
-    """The queue a name the database lists stands for. A row written by hand or by another
-    tool may name a queue ``store.queue`` refuses (empty, reserved, too long): it is swept
-    as stored — the sweep takes the name as a parameter, and its expiry and retention are
-    the rows' own stamps — rather than refused, which would leave every other queue unswept."""
-    try:
-        return listed_queue(store, name)
-    except InvalidName:
-        return Queue._unchecked(store, name, DEFAULT_OPTS)

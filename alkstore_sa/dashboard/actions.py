@@ -11,9 +11,9 @@ import re
 
 from .. import _validate
 from .._backends.queue_ops import Requeued
-from ..errors import InvalidOptions
+from ..errors import InvalidName, InvalidOptions
 from ..model import Job
-from ..outbox import listed_queue
+from ..outbox import listed_queue, stored_queue
 from ..queue import cancel_pending
 from .html import esc
 from .http import Request, Response, redirect
@@ -97,6 +97,9 @@ def requeue_dead(view: View) -> Response:
                 view.store, job.queue, visibility_timeout=job.visibility_timeout, max_attempts=job.max_attempts,
                 backoff_base=job.backoff_base, dead_letter_retention=job.dead_letter_retention,
             )
+        except InvalidName:  # a row written by hand: no worker could name the live job
+            refused.append((job.id, f"its queue name {job.queue!r} is one the API refuses (a row written by hand?); it stays in the dead letters"))
+            continue
         except InvalidOptions as exc:  # the job's own stamps, not the form: the rest still go
             refused.append((job.id, f"its stamps cannot be used ({exc}; `alkstore dead requeue` gives the queue's defaults); it stays in the dead letters"))
             continue
@@ -118,7 +121,8 @@ def delete_dead(view: View) -> Response:
     requeue or delete came first) is named in the answer (409), after the others went."""
     jobs, refused = _dead_jobs(view)
     for job in jobs:
-        if not listed_queue(view.store, job.queue).delete_dead(job.id):
+        # by the name stored: a row written by hand under a name the API refuses goes too
+        if not stored_queue(view.store, job.queue).delete_dead(job.id):
             refused.append((job.id, GONE))
     return _done_or_refused(view, "deleted", refused)
 

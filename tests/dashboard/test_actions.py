@@ -592,3 +592,34 @@ def test_a_dead_job_another_operator_took_first_is_reported_not_acted_on(
     assert f'href="/queues/{qname}?state=dead"' in r.text
     assert q.dead_jobs() == [] and store.get_job(kept) is None  # the third one was acted on
     assert q.stats().ready == len(s.ready) + (2 if action == "requeue" else 1)
+
+
+@pytest.mark.parametrize("action", ["requeue", "delete"])
+def test_a_dead_job_whose_stored_queue_name_the_api_refuses_does_not_stop_the_others(
+    dash, db: Target, store: alk.Store, qname: str, action: str
+) -> None:
+    """A dead row written by hand (or by another tool) under a queue name the API refuses
+    (empty, over 200 characters) is listed on the every-queue dead letters page; a bulk
+    requeue or delete selecting it answered 400 ("queue name must not be empty") after
+    acting on the jobs before it and skipping those after. The delete removes it by the
+    name stored (as ``alkstore sweep`` sweeps such a queue); the requeue, which would make
+    a live job no worker could name, leaves it dead and says why (409), and both act on
+    every other selected job."""
+    q = store.queue(qname, max_attempts=1)
+    first, odd, last = q.enqueue({"n": 1}), q.enqueue({"n": 2}), q.enqueue({"n": 3})
+    for _ in range(3):
+        h = q.claim_one("w")
+        assert h is not None and h.fail("boom")
+    db.execute(f"UPDATE {db.table('alkstore_dead_jobs')} SET queue = '' WHERE id = :id", id=odd)
+    token = _token(dash, "/dead")
+    r = dash.post(f"/dead/{action}", [("csrf_token", token), ("id", first), ("id", odd), ("id", last)])
+    assert q.dead_jobs() == []  # both of this queue's jobs were acted on
+    if action == "delete":
+        assert r.status == 303, (r.status, r.text[:300])
+        assert store.get_job(odd) is None
+    else:
+        assert r.status == 409, (r.status, r.text[:300])
+        assert f"job {odd} was not requeued" in r.text and "queue name" in r.text
+        job = store.get_job(odd)
+        assert job is not None and job.state == "dead"
+        assert q.stats().ready == 2
