@@ -756,9 +756,15 @@ class PostgresBackend(Backend):
 
     def sweep(self, ex: Executor, params: Mapping[str, Any]) -> tuple[int, int]:
         def build() -> sa.Executable:
+            # the expired rows locked in id order first, as a batched ack locks its rows:
+            # deleted in the expiry index's order, a sweep and a worker's ack of the same
+            # jobs could each hold a row the other waits for (deadlock detected)
+            locked = _materialized(
+                sa.select(jobs.c.id).where(self._expired()).order_by(jobs.c.id).with_for_update(), "locked"
+            )
             gone = (
                 sa.delete(jobs)
-                .where(self._expired())
+                .where(self._expired(), jobs.c.id.in_(sa.select(locked.c.id)))
                 .returning(*[jobs.c[f] for f in JOB_FIELDS])
                 .cte("gone")
             )
