@@ -1,10 +1,9 @@
 """PostgreSQL: a sweep and a worker's batched ack of the same expired jobs never deadlock.
 
 A job past its ``expires_at`` may still be under a live claim (its handler running): a
-worker's batched ack deletes such jobs while a sweep moves them to dead. Both are
-multi-row statements; the ack takes its rows' locks in id order (``ack_batch`` and the
-worker's ``ack_claims`` send sorted ids), so the sweep must too, or each can hold a row
-the other waits for.
+batched ack deletes such jobs while a sweep moves them to dead. Both are multi-row
+statements; ``ack_batch`` of ids takes its rows' locks in id order (an index scan of the
+sorted ids), so the sweep must too, or each can hold a row the other waits for.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ def _waiting_for_locks(db: Target) -> int:
 
 def test_a_sweep_and_a_batched_ack_of_the_same_expired_jobs_do_not_deadlock(pg_db: Target) -> None:
     """The sweep deleted the expired rows in the order of the expiry index: with the job
-    of the lower id expiring later, it locked the higher id first, the ack the lower one,
+    of the lower id expiring later, it locked the higher id first, ack_batch the lower one,
     and PostgreSQL failed one of them ('deadlock detected': `alkstore sweep` ended with
     an error, or the worker's acks were not written). The sweep now locks its rows in id
     order, so one waits for the other and both end."""
@@ -57,7 +56,7 @@ def test_a_sweep_and_a_batched_ack_of_the_same_expired_jobs_do_not_deadlock(pg_d
         holder.execute(sa.text(f"SELECT id FROM {db.table('alkstore_jobs')} WHERE id = :i FOR UPDATE"), {"i": high})
         sweep = run("sweep", lambda: sweeper.queue("sweep-vs-ack").sweep_expired())
         wait_for(lambda: _waiting_for_locks(db) >= 1, "the sweep waiting for a row lock")
-        ack = run("ack", lambda: q.ack_batch(handles))
+        ack = run("ack", lambda: q.ack_batch([h.id for h in handles]))
         wait_for(lambda: _waiting_for_locks(db) >= 2, "the ack waiting for a row lock")
         holder.rollback()
     sweep.join(30)
