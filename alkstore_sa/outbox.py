@@ -39,8 +39,8 @@ def listed_queue(store: Store, name: str, **opts: Any) -> Queue:
 
 
 def stored_queue(store: Store, name: str) -> Queue:
-    """The queue a name the database holds stands for, for the operator tools' sweeps and
-    deletes. A row written by hand or by another tool may name a queue ``store.queue``
+    """The queue a name the database holds stands for, for the operator tools' sweeps,
+    deletes and cancels. A row written by hand or by another tool may name a queue ``store.queue``
     refuses (empty, reserved, too long): it is taken as stored — those statements take the
     name as a parameter and read the rows' own stamps — rather than refused, which would
     stop the operation at that row."""

@@ -623,3 +623,18 @@ def test_a_dead_job_whose_stored_queue_name_the_api_refuses_does_not_stop_the_ot
         job = store.get_job(odd)
         assert job is not None and job.state == "dead"
         assert q.stats().ready == 2
+
+
+def test_a_pending_job_whose_stored_queue_name_the_api_refuses_can_be_cancelled(
+    dash, db: Target, store: alk.Store, qname: str
+) -> None:
+    """A pending job written by hand (or by another tool) under a queue name the API
+    refuses is listed and has its own page with a cancel button, but the cancel answered
+    400 "queue name must not be empty" and left it: no worker can name that queue, so
+    the dashboard was the way to remove it. The cancel deletes it by the name stored."""
+    job_id = store.queue(qname).enqueue({"n": 1})
+    db.execute(f"UPDATE {db.table('alkstore_jobs')} SET queue = '' WHERE id = :id", id=job_id)
+    token = _token(dash, f"/jobs/{job_id}")
+    r = dash.post(f"/jobs/{job_id}/cancel", {"csrf_token": token, "next": "/"})
+    assert r.status == 303, (r.status, r.text[-300:])
+    assert store.get_job(job_id) is None
