@@ -192,9 +192,37 @@ _CONFIGURED = "alkstore_sqlite_generation"
 _generation = [0]
 
 
+def leave_pep249_mode(dbapi_conn: Any) -> bool:
+    """Put a connection in Python 3.12's ``autocommit=False`` mode (PEP 249: sqlite3 keeps a
+    transaction open at all times, beginning the next one as each ends) into autocommit, and
+    say whether it was (then :func:`enter_pep249_mode` puts it back). In that mode
+    ``isolation_level`` is ignored: the store's ``BEGIN IMMEDIATE`` would fail inside the open
+    transaction, ``synchronous`` cannot be set in it, and a kept connection's reads would hold
+    a snapshot (stale, and stopping every checkpoint) until it commits. No-op (False) for the
+    legacy mode and ``autocommit=True``, before Python 3.12, and for aiosqlite."""
+    if getattr(dbapi_conn, "autocommit", None) is not False:
+        return False
+    dbapi_conn.autocommit = True  # commits the transaction open: a pooled connection's is empty
+    return True
+
+
+def enter_pep249_mode(dbapi_conn: Any, was: bool) -> None:
+    """Undo :func:`leave_pep249_mode` (``was``: what it returned)."""
+    if was:
+        dbapi_conn.autocommit = False
+
+
 def _on_connect(dbapi_conn: Any, record: Any) -> None:
     if record is not None:
         record.info[_CONFIGURED] = _generation[0]
+    pep249 = leave_pep249_mode(dbapi_conn)
+    try:
+        _configure(dbapi_conn)
+    finally:
+        enter_pep249_mode(dbapi_conn, pep249)
+
+
+def _configure(dbapi_conn: Any) -> None:
     _rows(dbapi_conn, f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     ((limit,),) = _rows(dbapi_conn, "PRAGMA journal_size_limit")
     if limit == -1:  # SQLite's "no limit": any other value is the application's own choice, kept

@@ -195,15 +195,17 @@ class SQLiteBackend(Backend):
     def prepare_connection(self, dbapi_conn: Any) -> Any:
         # the write lock is waited for by the store (_sqlite.wait_for_lock), not by
         # SQLite's busy handler, which lets a process that writes in a loop starve the others
-        saved = dbapi_conn.isolation_level, dbapi_conn.text_factory, _sqlite.wait_here(dbapi_conn)
+        pep249 = _sqlite.leave_pep249_mode(dbapi_conn)  # Python 3.12's autocommit=False ignores isolation_level
+        saved = dbapi_conn.isolation_level, dbapi_conn.text_factory, _sqlite.wait_here(dbapi_conn), pep249
         dbapi_conn.isolation_level = None  # autocommit: the store issues BEGIN IMMEDIATE itself
         dbapi_conn.text_factory = _lenient_text
         return saved
 
     def restore_connection(self, dbapi_conn: Any, saved: Any) -> None:
-        dbapi_conn.isolation_level, dbapi_conn.text_factory, timeout = saved
+        dbapi_conn.isolation_level, dbapi_conn.text_factory, timeout, pep249 = saved
         if timeout is not None:
             _sqlite.wait_there(dbapi_conn, timeout)
+        _sqlite.enter_pep249_mode(dbapi_conn, pep249)
 
     def begin(self, dbapi_conn: Any, saved: Any = None) -> None:
         try:

@@ -48,7 +48,7 @@ from sqlalchemy.engine import Engine
 
 from .._conn import RawExecutor
 from .._fanout import Deliver, FanOut, new_selector
-from .._sqlite import BUSY_TIMEOUT_MS, _main_file, is_busy
+from .._sqlite import BUSY_TIMEOUT_MS, _main_file, is_busy, leave_pep249_mode
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
 from .sql import NOTIFY_READERS
@@ -94,6 +94,7 @@ class SqliteHub:
         self._proxied.detach()
         conn: Any = self._proxied.dbapi_connection
         conn.isolation_level = None  # autocommit reads: each sees the latest commit
+        leave_pep249_mode(conn)  # (Python 3.12's autocommit=False ignores isolation_level)
         self._conn = conn
         # The file as SQLite opened it, not the URL's text: a symlink resolved (the -wal sits
         # beside the target), a ``file:`` URI decoded, always absolute; '' when in memory.

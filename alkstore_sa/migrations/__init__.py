@@ -285,6 +285,9 @@ def enable_wal(connection: Connection) -> None:
     # On the DBAPI connection, not through Connection.exec_driver_sql: that autobegins
     # SQLAlchemy's transaction, and a `begin` hook (SQLAlchemy's pysqlite recipe) would then
     # emit BEGIN before the PRAGMA, which SQLite refuses inside a transaction.
+    # Python 3.12's autocommit=False keeps a transaction open on the driver connection
+    # at all times (isolation_level is ignored there): the PRAGMA runs in autocommit
+    pep249 = _sqlite.leave_pep249_mode(connection.connection.driver_connection)
     cursor = connection.connection.cursor()
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
@@ -294,6 +297,7 @@ def enable_wal(connection: Connection) -> None:
         raise _driver_error(f"switching the SQLite database to WAL mode failed{_wal_advice(exc)}", exc) from exc
     finally:
         cursor.close()
+        _sqlite.enter_pep249_mode(connection.connection.driver_connection, pep249)
 
 
 def _wal_advice(exc: BaseException) -> str:

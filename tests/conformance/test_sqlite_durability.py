@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -352,6 +353,51 @@ def test_a_busy_error_names_the_busy_timeout_sqlite_waited_out(tmp_path: Path, w
                     asyncio.run(in_async_session())
             app.rollback()
         assert store.queue("emails").stats().pending == 0
+    finally:
+        store.close()
+        engine.dispose()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sqlite3's autocommit attribute is Python 3.12's")
+def test_an_engine_on_python_312s_autocommit_false_works_with_the_store(tmp_path: Path) -> None:
+    """Python 3.12's PEP 249 mode (``connect_args={"autocommit": False}``) keeps a transaction
+    open on every connection: the store's settings, its own BEGIN IMMEDIATE and the watcher's
+    reads must not run inside it, and the application's connections keep the mode. (Before:
+    every connection of the engine failed to open, 'Safety level may not be changed inside a
+    transaction', and install() could not switch to WAL.)"""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    engine = sa.create_engine(url, connect_args={"autocommit": False})
+    store = alk.Store(engine)
+    try:
+        store.install()  # switches the file to WAL
+        with Session(engine) as session, session.begin():
+            session.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
+        with Session(engine) as session, session.begin():
+            session.execute(sa.text("INSERT INTO orders DEFAULT VALUES"))
+            alk.enqueue(session, "q", {"in": "txn"})
+        with Session(engine) as session:
+            session.execute(sa.text("INSERT INTO orders DEFAULT VALUES"))
+            alk.enqueue(session, "q", {"in": "rolled back"})
+            session.rollback()
+        q = store.queue("q")
+        q.enqueue({"in": "store"})
+        with store.listen("chan") as sub:
+            store.notify("chan", "hi")
+            note = sub.get(timeout=10)
+            assert note is not None and note.payload == "hi"
+        handles = q.claim_batch("w1", 5)
+        assert sorted(h.job.payload["in"] for h in handles) == ["store", "txn"]
+        assert all(h.ack() for h in handles)
+        with engine.connect() as c:
+            assert c.connection.driver_connection.autocommit is False  # the app's mode is kept
+            assert c.exec_driver_sql("PRAGMA synchronous").scalar() == NORMAL
+        other = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:  # committed for everyone, and nothing holds a snapshot the checkpoint must wait for
+            assert other.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+            assert other.execute("SELECT count(*) FROM alkstore_jobs").fetchone() == (0,)
+            assert other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        finally:
+            other.close()
     finally:
         store.close()
         engine.dispose()
