@@ -20,6 +20,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
 
+from .errors import InvalidOptions
+
 BUSY_TIMEOUT_MS = 60_000
 # The size, in bytes, a WAL file is truncated back to when a checkpoint lets it restart.
 # SQLite's default (-1) never truncates: one long read transaction of the application stops
@@ -250,6 +252,23 @@ def _configure(dbapi_conn: Any) -> None:
         "with `alkstore migrate --url sqlite:///...` (or enable_wal(connection) in your Alembic env.py)",
         path, mode,
     )
+
+
+def refuse_exclusive_locking(dbapi_conn: Any) -> None:
+    """Raise InvalidOptions when the connection runs with ``PRAGMA locking_mode=EXCLUSIVE``
+    (an application's own ``connect`` hook: a single-process speed tip). Then the first
+    connection that reads the file keeps it locked until it closes, and the store needs
+    several at once — its watcher, a worker's threads, other processes: a ``listen()`` or a
+    worker's wake waited out the busy timeout and failed with 'database is locked', which
+    blamed another connection's long transaction. Asked once per store (its schema check)."""
+    ((mode,),) = _rows(dbapi_conn, "PRAGMA locking_mode")
+    if str(mode).lower() == "exclusive":
+        raise InvalidOptions(
+            "this engine's SQLite connections run with PRAGMA locking_mode=EXCLUSIVE: the first "
+            "one to read the file keeps it locked until it closes, and alkstore needs several "
+            "connections at once (its watcher, a worker's threads, other processes); remove "
+            "that PRAGMA from the engine's connect hook (locking_mode=NORMAL)"
+        )
 
 
 def _main_file(dbapi_conn: Any) -> str:

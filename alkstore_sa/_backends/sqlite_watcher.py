@@ -48,7 +48,13 @@ from sqlalchemy.engine import Engine
 
 from .._conn import RawExecutor
 from .._fanout import Deliver, FanOut, new_selector
-from .._sqlite import BUSY_TIMEOUT_MS, _main_file, is_busy, leave_pep249_mode
+from .._sqlite import (
+    BUSY_TIMEOUT_MS,
+    _main_file,
+    is_busy,
+    leave_pep249_mode,
+    refuse_exclusive_locking,
+)
 from ..schema import jobs, notifications
 from ._inotify import directory_watch
 from .sql import NOTIFY_READERS
@@ -93,6 +99,13 @@ class SqliteHub:
         self._proxied = engine.raw_connection()
         self._proxied.detach()
         conn: Any = self._proxied.dbapi_connection
+        try:
+            refuse_exclusive_locking(conn)  # it would keep the file locked from its first look
+        except BaseException:
+            self._proxied.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            raise
         conn.isolation_level = None  # autocommit reads: each sees the latest commit
         leave_pep249_mode(conn)  # (Python 3.12's autocommit=False ignores isolation_level)
         self._conn = conn

@@ -575,6 +575,8 @@ def check_schema(connection: Connection, schema: str = DEFAULT_SCHEMA) -> None:
     """Raise unless this library can use the database's alkstore schema: NotInstalled (no
     tables), SchemaOutdated (older: migrate), SchemaTooNew (newer, and not usable by this
     version: upgrade the library). A newer schema whose steps are additive is accepted."""
+    if connection.dialect.name == "sqlite":
+        _sqlite.refuse_exclusive_locking(connection.connection.dbapi_connection)
     current = current_revision(connection, schema)
     advice = install_advice(schema, connection.dialect.name)
     if current is None:

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -401,3 +402,38 @@ def test_an_engine_on_python_312s_autocommit_false_works_with_the_store(tmp_path
     finally:
         store.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("hook", ["before", "after"])
+def test_an_engine_whose_connections_lock_the_file_exclusively_is_refused(tmp_path: Path, hook: str) -> None:
+    """``PRAGMA locking_mode=EXCLUSIVE`` (a single-process speed tip) makes the first
+    connection that reads the file keep it locked for good, and the store needs several at
+    once (its watcher, a worker's threads, other processes). It said nothing: a listen() or
+    a worker's wake waited out the 60 s busy timeout and failed with 'database is locked',
+    blaming another connection's long transaction. The first operation now says why."""
+    url = installed_file(tmp_path, wal=True)
+    engine = sa.create_engine(url)
+
+    def exclusive(dbapi: Any, _record: Any) -> None:
+        dbapi.execute("PRAGMA locking_mode = EXCLUSIVE")
+
+    if hook == "before":
+        sa.event.listen(engine, "connect", exclusive)
+    store = alk.Store(engine)
+    if hook == "after":
+        sa.event.listen(engine, "connect", exclusive)
+    try:
+        with pytest.raises(alk.InvalidOptions, match="locking_mode=EXCLUSIVE"):
+            store.queue("q").enqueue({})
+        with pytest.raises(alk.InvalidOptions, match="locking_mode=EXCLUSIVE"):
+            store.listen("chan")
+        with pytest.raises(alk.InvalidOptions, match="locking_mode=EXCLUSIVE"):
+            alk.Worker(store, "q", lambda job: None).run(alk.StopToken())
+    finally:
+        store.close()
+        engine.dispose()
+    other = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        assert other.execute("SELECT count(*) FROM alkstore_jobs").fetchone() == (0,)
+    finally:
+        other.close()
