@@ -140,6 +140,15 @@ def in_memory_sqlite(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and sqlite_path(url) is None
 
 
+def shared_cache_sqlite(url: URL) -> bool:
+    """Whether ``url`` opens its SQLite database in shared-cache mode (``cache=shared`` in a
+    ``file:`` URI, or in the query SQLAlchemy adds to it)."""
+    if url.get_backend_name() != "sqlite" or not _uri_mode(url):
+        return False
+    options = (url.database or "").partition("?")[2]
+    return "cache=shared" in options.split("&") or url.query.get("cache") == "shared"
+
+
 def _uri_mode(url: URL) -> bool:
     """Whether pysqlite opens the database as a URI (``uri=true``, as SQLAlchemy reads it)."""
     value = url.query.get("uri")

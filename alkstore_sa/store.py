@@ -32,7 +32,7 @@ from ._registry import _DefaultStore as _DefaultStore  # re-exported: queue, tra
 from ._registry import store_for as store_for
 from ._rows import job_from_row, ts
 from ._sqlite import _SHARING_POOLS, _main_file, configure_sqlite_engine
-from ._urls import engine_from_url, in_memory_sqlite, parse_url, shown_url
+from ._urls import engine_from_url, in_memory_sqlite, parse_url, shared_cache_sqlite, shown_url
 from .errors import AlkstoreError, DatabaseError, InvalidOptions, StoreClosed
 from .model import Job, QueueSettings, QueueStats, Schedule, WorkerInfo
 from .schema import DEFAULT_SCHEMA
@@ -718,6 +718,7 @@ def _refuse_in_memory(url: URL) -> None:
             "theirs), so it would lose or never see that database; use a database file "
             "(in tests, e.g. a file in pytest's tmp_path)"
         )
+    _refuse_shared_cache(url)
 
 
 def _refuse_in_memory_engine(engine: Engine) -> None:
@@ -727,6 +728,24 @@ def _refuse_in_memory_engine(engine: Engine) -> None:
     facade cannot connect here, so its URL's word stands."""
     if in_memory_sqlite(engine.url) and (engine.dialect.is_async or not _opens_a_file(engine)):
         _refuse_in_memory(engine.url)
+    _refuse_shared_cache(engine.url)
+
+
+def _refuse_shared_cache(url: URL) -> None:
+    """InvalidOptions for a SQLite database opened in shared-cache mode (``cache=shared``).
+    There the connections of one process share one cache and lock whole tables, and SQLite
+    reports a taken table lock at once ('database table is locked'), never waiting the busy
+    timeout: the store's watcher failed its looks and could not save its reading place (a
+    listener then missed notifications the prune deleted), and writes failed in the
+    caller's transaction. WAL mode already lets readers and the writer run together."""
+    if shared_cache_sqlite(url):
+        raise InvalidOptions(
+            f"{shown_url(url)} opens the SQLite database with cache=shared: its connections "
+            "lock whole tables and fail at once with 'database table is locked' instead of "
+            "waiting, which the store's watcher and workers (and your own concurrent "
+            "writes) cannot work with; drop cache=shared (in WAL mode readers and the "
+            "writer already run together)"
+        )
 
 
 def _opens_a_file(engine: Engine) -> bool:

@@ -437,3 +437,34 @@ def test_an_engine_whose_connections_lock_the_file_exclusively_is_refused(tmp_pa
         assert other.execute("SELECT count(*) FROM alkstore_jobs").fetchone() == (0,)
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("given", ["url", "engine", "register"])
+def test_a_file_opened_with_a_shared_cache_is_refused(tmp_path: Path, given: str) -> None:
+    """``cache=shared`` makes a process's connections lock whole tables and report a taken
+    lock at once ('database table is locked'), never waiting the busy timeout. Before: a
+    store on it ran, but its watcher failed its looks and its reading-place saves while
+    the process enqueued and notified, and a listener lost the notifications the prune then
+    deleted ('... notifications were pruned before this process read them'); the app's
+    writes in threads failed. Store() and register() now refuse it, naming the option."""
+    path = installed_file(tmp_path, wal=True).removeprefix("sqlite:///")
+    url = f"sqlite:///file:{path}?cache=shared&uri=true"
+    match = "cache=shared"
+    if given == "url":
+        with pytest.raises(alk.InvalidOptions, match=match):
+            alk.Store(url)
+        return
+    engine = sa.create_engine(url)
+    try:
+        if given == "engine":
+            with pytest.raises(alk.InvalidOptions, match=match):
+                alk.Store(engine)
+        else:
+            store = alk.Store(f"sqlite:///{path}")
+            try:
+                with pytest.raises(alk.InvalidOptions, match=match):
+                    store.register(engine)
+            finally:
+                store.close()
+    finally:
+        engine.dispose()
