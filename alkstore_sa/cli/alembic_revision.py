@@ -202,6 +202,7 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
         raise CommandError(
             f"need 0 <= from-step ({from_step}) <= to-step ({args.to_step}) <= {steps.HEAD}"
         )
+    _check_one_line(script, down, schema)
     version_path = Path(args.version_path) if args.version_path else _versions_dir(script)
     if from_step == args.to_step:
         return None, version_path
@@ -215,12 +216,62 @@ def _single_head(script: ScriptDirectory) -> str | None:
 
     heads = sorted(script.get_heads())
     if len(heads) > 1:
+        carrying = sorted({h for rev, _, _ in _generated(script) for h in _heads_above(script, rev)})
         raise CommandError(
             f"the app's migrations have {len(heads)} heads ({', '.join(heads)}): merge them "
             f"first (`alembic merge heads`), or pass --down-revision REV to chain the alkstore "
             f"revision to one of them"
+            + (f" (alkstore's revisions continue on {', '.join(carrying)})" if carrying else "")
         )
     return heads[0] if heads else None
+
+
+def _generated(script: ScriptDirectory) -> list[tuple[str, tuple[int, int], str]]:
+    """Every revision of the app's chain this command wrote: (id, its steps, its schema)."""
+    out = []
+    for rev in script.walk_revisions():
+        marker = getattr(rev.module, STEPS_MARKER, None)
+        if marker is not None:
+            schema = getattr(rev.module, SCHEMA_MARKER, None) or DEFAULT_SCHEMA
+            out.append((rev.revision, (int(marker[0]), int(marker[1])), schema))
+    return out
+
+
+def _below(script: ScriptDirectory, rev: str | None) -> set[str]:
+    """``rev`` and every revision it descends from."""
+    if rev is None:
+        return set()
+    return {r.revision for r in script.iterate_revisions(rev, "base")}
+
+
+def _heads_above(script: ScriptDirectory, rev: str) -> list[str]:
+    return [h for h in script.get_heads() if rev in _below(script, h)]
+
+
+def _check_one_line(script: ScriptDirectory | None, down: str | None, schema: str) -> None:
+    """Refuse a revision that would not continue the generated revisions of its schema.
+
+    Chained to another branch's head (an app keeping two heads apart, after the several-heads
+    refusal asked for --down-revision), or below the earlier revision, the new one could not
+    see it: it installed the same tables again from step 0 beside it, so ``alembic upgrade
+    heads`` ran it as the missing steps only, and downgrading its branch dropped every alkstore
+    table under the other branch's revision (offline, ``--sql`` created them twice). A
+    revision for another PostgreSQL schema (a second set of tables) is not such a copy."""
+    from alembic.util import CommandError
+
+    if script is None:
+        return
+    below = _below(script, down)
+    for rev, (from_step, to_step), rev_schema in _generated(script):
+        if rev_schema == schema and rev not in below:
+            heads = _heads_above(script, rev)
+            raise CommandError(
+                f"alkstore's revision {rev} (alkstore steps {from_step} -> {to_step}, schema "
+                f"{schema!r}) is not below {down or 'base'}: a revision there would install "
+                f"the same tables a second time, on another branch. Pass --down-revision "
+                f"{' or '.join(heads) or rev} (which continue from it), or merge the heads first "
+                f"(`alembic merge heads`)"
+            )
 
 
 def _versions_dir(script: ScriptDirectory | None) -> Path:

@@ -716,7 +716,7 @@ def test_generator_reads_alkstore_schema_from_the_environment(
     before = set(app.versions.glob("*.py"))
     assert_refused(capsys, ["alembic-revision", "-c", str(app.ini)], r"'jobs'.*'other'.*ALKSTORE_SCHEMA")
     assert set(app.versions.glob("*.py")) == before
-    third = app.generate("--schema", "jobs", "--to-step", "2", "--down-revision", first)  # --schema wins
+    third = app.generate("--schema", "jobs")  # --schema wins
     assert _marker_schema(app, third) == "jobs"
     monkeypatch.setenv("ALKSTORE_SCHEMA", "")  # unset in effect: the chain's schema
     app.versions.joinpath(next(p.name for p in app.versions.glob(f"{third}_*.py"))).unlink()
@@ -798,6 +798,39 @@ def test_generator_refuses_two_heads(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert_refused(capsys, ["alembic-revision", "-c", str(app.ini), "--down-revision", "app_0002c"], "app_0002c")
     rev = app.generate("--down-revision", "app_0002a")
     assert 'down_revision = "app_0002a"' in next(app.versions.glob(f"{rev}_*.py")).read_text()
+
+
+def test_generator_refuses_a_second_install_on_another_branch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An app with two heads (two branches it keeps apart) whose alkstore revision sits on
+    one of them: after a library upgrade the generator asks for --down-revision, and given
+    the other branch's head it wrote a second install, steps 0 -> 3, beside the first (which
+    it did not see): `alembic upgrade heads` ran it as 2 -> 3, and downgrading that branch
+    alone then dropped every alkstore table under the other branch's revision (online), and
+    `upgrade heads --sql` created them twice. The generator refuses, naming the earlier
+    revision and the head that continues from it, and writes nothing."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'branches.db'}", "sqlite")
+    app.add_migration("other_0001", None, "app_other")  # a second root: the app has two heads
+    first = app.generate("--down-revision", APP_REVISION, "--to-step", "2")
+    before = sorted(app.versions.iterdir())
+    capsys.readouterr()
+    assert main(["alembic-revision", "-c", str(app.ini)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"2 heads ({first}, other_0001)" in err and f"alkstore's revisions continue on {first}" in err, err
+    for down in ("other_0001", APP_REVISION):  # another branch; below the earlier revision
+        assert_refused(capsys, ["alembic-revision", "-c", str(app.ini), "--down-revision", down],
+                       rf"{first} \(alkstore steps 0 -> 2, schema 'alkstore'\) is not below {down}.*--down-revision {first}")
+    assert sorted(app.versions.iterdir()) == before
+    # on the branch that carries it: the missing steps only
+    rev = app.generate("--down-revision", first)
+    assert next(app.versions.glob(f"{rev}_*.py")).name.endswith(f"_alkstore_steps_2_to_{migrations.steps.HEAD}.py")
+    _ok(app.alembic("upgrade", "heads"))
+    assert _recorded(app, None) == migrations.head_revision()
+    # (PostgreSQL) a second application's tables, in a schema of their own, on the other
+    # branch are not a second install of the same tables
+    other = app.generate("--down-revision", "other_0001", "--schema", "app_b")
+    assert next(app.versions.glob(f"{other}_*.py")).name.endswith(f"_alkstore_steps_0_to_{migrations.steps.HEAD}.py")
 
 
 def test_generator_without_an_alembic_ini(
