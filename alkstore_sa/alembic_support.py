@@ -123,8 +123,23 @@ def upgrade_steps(from_step: int, to_step: int, *, schema: str | None) -> None:
     database where the chain left it, as the revision says. All or nothing on every engine
     (see :func:`_all_or_nothing`)."""
     _check_steps(from_step, to_step)
+    _offline_wal()
     with _all_or_nothing():
         _upgrade(from_step, to_step, schema)
+
+
+def _offline_wal() -> None:
+    """Offline (``--sql``) on SQLite: switch the file to WAL in the script, before the steps.
+
+    Online, env.py's :func:`enable_wal` does it before Alembic's transaction; a script
+    applied with ``sqlite3`` never runs env.py, so the file stayed in its rollback journal
+    and every ``Store`` warned, with advice (``enable_wal`` in env.py) an offline install
+    cannot take. SQLite cannot switch inside a transaction, so the line is written only
+    where Alembic wrote no BEGIN (its SQLite default, ``transactional_ddl`` off); a script
+    inside BEGIN … COMMIT leaves the switch to ``alkstore migrate`` (docs/install.md)."""
+    context = op.get_context()
+    if context.as_sql and context.dialect.name == "sqlite" and not context.impl.transactional_ddl:
+        op.execute("PRAGMA journal_mode = WAL")
 
 
 def _upgrade(from_step: int, to_step: int, schema: str | None) -> None:

@@ -67,7 +67,7 @@ name_filter = include_name if os.environ.get("APP_ALKSTORE_FILTER", "on") == "on
 configure_kw = json.loads(os.environ.get("APP_CONFIGURE", "{}"))
 
 if context.is_offline_mode():
-    context.configure(url=url, target_metadata=metadata, literal_binds=True, include_name=name_filter)
+    context.configure(url=url, target_metadata=metadata, literal_binds=True, include_name=name_filter, **configure_kw)
     with context.begin_transaction():
         context.run_migrations()
 else:

@@ -10,6 +10,7 @@ import contextlib
 import inspect
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -678,6 +679,73 @@ def test_offline_sql_renders_alkstore_ddl(kind: str, tmp_path: Path) -> None:
     if kind == "sqlite":
         assert down.index("SAVEPOINT alkstore_steps;") < down.index(f"DROP TABLE {VERSION_TABLE}") < down.index("RELEASE alkstore_steps;")
 
+
+def _shell(kind: str, url: str, script: str) -> None:
+    """Apply an offline script the way its reader would: ``sqlite3 -bail`` or ``psql`` with
+    ON_ERROR_STOP, each stopping at the first error."""
+    if kind == "sqlite":
+        argv = [shutil.which("sqlite3") or "sqlite3", "-bail", sa.make_url(url).database or ""]
+    else:
+        argv = [shutil.which("psql") or "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)]
+    if shutil.which(argv[0]) is None:
+        pytest.skip(f"needs the {Path(argv[0]).name} command")
+    proc = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("offline_transaction", [False, True], ids=["alembic-default", "transactional-ddl"])
+def test_offline_sql_applied_by_the_database_shell(
+    case: tuple[AlembicApp, str | None], offline_transaction: bool
+) -> None:
+    """`alembic upgrade head --sql` applied with sqlite3 / psql builds what metadata declares
+    and records its version; the downgrade script takes it out again. On SQLite the script
+    switched nothing to WAL (env.py's enable_wal runs online only): every Store then warned
+    "journal_mode=delete, not WAL ... enable_wal(connection) in your Alembic env.py", advice
+    an offline install cannot take. The script now switches it before the steps, where no
+    transaction is open (Alembic's SQLite default); in a script that Alembic wraps in BEGIN
+    (transactional_ddl) SQLite refuses the switch, so it is left out there."""
+    app, schema = case
+    rev = app.generate(*(["--schema", schema] if schema else []))
+    env = {"APP_CONFIGURE": json.dumps({"transactional_ddl": offline_transaction})}
+    _shell(app.kind, app.url, _ok(app.alembic("upgrade", "head", "--sql", env_vars=env)))
+    engine = sa.create_engine(app.url)
+    try:
+        with engine.connect() as conn:
+            assert migrations.current_revision(conn, schema or "alkstore") == migrations.head_revision()
+            assert conn.scalar(sa.text("SELECT version_num FROM alembic_version")) == rev
+            if app.kind == "sqlite":
+                mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+                assert mode == ("delete" if offline_transaction else "wal")
+        assert "No new upgrade operations detected" in _ok(app.alembic("check"))
+        diff = _schema_diff(engine, None if schema == "public" else schema)  # public: the default schema
+        assert diff == [], diff
+        with alk.Store(app.url, schema=schema or "alkstore") as store:
+            q = store.queue("offline")
+            q.enqueue({"n": 1}, unique_key="k")
+            handle = q.claim_one("w")
+            assert handle is not None and handle.ack()
+    finally:
+        engine.dispose()
+    _shell(app.kind, app.url, _ok(app.alembic("downgrade", f"{rev}:{APP_REVISION}", "--sql", env_vars=env)))
+    assert not ALKSTORE_TABLES & app.tables(schema)
+
+
+def _schema_diff(engine: sa.Engine, schema: str | None) -> list[object]:
+    """alkstore's tables as built against what metadata declares."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    def only_alkstore(name: str | None, type_: str, _parent: object) -> bool:
+        if type_ == "schema":
+            return name == schema
+        return type_ != "table" or (str(name).startswith("alkstore_") and name != VERSION_TABLE)
+
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(
+            conn, opts={"compare_type": True, "include_schemas": schema is not None, "include_name": only_alkstore}
+        )
+        return list(compare_metadata(ctx, metadata_for(schema)))
 
 def test_generator_continues_from_the_marker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A later run reads the step and schema of the earlier generated revision, through the
