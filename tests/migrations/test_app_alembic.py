@@ -706,6 +706,8 @@ def test_offline_sql_applied_by_the_database_shell(
     transaction is open (Alembic's SQLite default); in a script that Alembic wraps in BEGIN
     (transactional_ddl) SQLite refuses the switch, so it is left out there."""
     app, schema = case
+    if offline_transaction and app.kind != "sqlite":
+        pytest.skip("PostgreSQL's scripts are in BEGIN ... COMMIT either way")
     rev = app.generate(*(["--schema", schema] if schema else []))
     env = {"APP_CONFIGURE": json.dumps({"transactional_ddl": offline_transaction})}
     _shell(app.kind, app.url, _ok(app.alembic("upgrade", "head", "--sql", env_vars=env)))
@@ -717,7 +719,6 @@ def test_offline_sql_applied_by_the_database_shell(
             if app.kind == "sqlite":
                 mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
                 assert mode == ("delete" if offline_transaction else "wal")
-        assert "No new upgrade operations detected" in _ok(app.alembic("check"))
         diff = _schema_diff(engine, None if schema == "public" else schema)  # public: the default schema
         assert diff == [], diff
         with alk.Store(app.url, schema=schema or "alkstore") as store:
