@@ -176,7 +176,11 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
     if args.down_revision is None and script is not None:
         down = _single_head(script)
     elif down is not None and script is not None:
-        script.get_revision(down)  # raises CommandError when the app has no such revision
+        # raises CommandError when the app has no such revision; the file names the full id of
+        # what alembic reads the argument as (`head`, a prefix, `rev@head`): written as given,
+        # `down_revision = "head"` is no revision, and every alembic command then failed
+        found = script.get_revision(down)
+        down = None if found is None else found.revision
     prev_step, prev_schema = previous_alkstore(script, down)
     if args.from_step is None and prev_step > steps.HEAD:
         raise CommandError(

@@ -902,6 +902,18 @@ def test_generator_refuses_a_second_install_on_another_branch(
     assert next(app.versions.glob(f"{other}_*.py")).name.endswith(f"_alkstore_steps_0_to_{migrations.steps.HEAD}.py")
 
 
+@pytest.mark.parametrize("down", ["head", "app_00", "app_0001@head"])
+def test_generator_writes_the_revision_a_symbolic_down_revision_names(tmp_path: Path, down: str) -> None:
+    """--down-revision takes what alembic takes (`head`, a unique prefix of an id, a
+    `rev@head`): it was checked as such, then written into the file as given, e.g.
+    `down_revision = "head"`, which is no revision, so every alembic command of the app
+    then failed with a KeyError traceback until the file was deleted. The file names the
+    revision's full id."""
+    app = write_app(tmp_path, f"sqlite:///{tmp_path / 'symbolic.db'}", "sqlite")
+    rev = app.generate("--down-revision", down)
+    assert f'down_revision = "{APP_REVISION}"' in next(app.versions.glob(f"{rev}_*.py")).read_text()
+    assert _ok(app.alembic("heads")).split() == [rev, "(head)"]
+
 def test_generator_without_an_alembic_ini(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
