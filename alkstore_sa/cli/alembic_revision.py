@@ -206,7 +206,7 @@ def _plan(args: argparse.Namespace, script: ScriptDirectory | None) -> tuple[Pla
         raise CommandError(
             f"need 0 <= from-step ({from_step}) <= to-step ({args.to_step}) <= {steps.HEAD}"
         )
-    _check_one_line(script, down, schema)
+    _check_one_line(script, down)
     version_path = Path(args.version_path) if args.version_path else _versions_dir(script)
     if from_step == args.to_step:
         return None, version_path
@@ -252,27 +252,31 @@ def _heads_above(script: ScriptDirectory, rev: str) -> list[str]:
     return [h for h in script.get_heads() if rev in _below(script, h)]
 
 
-def _check_one_line(script: ScriptDirectory | None, down: str | None, schema: str) -> None:
-    """Refuse a revision that would not continue the generated revisions of its schema.
+def _check_one_line(script: ScriptDirectory | None, down: str | None) -> None:
+    """Refuse a revision that would not continue every generated revision of the chain.
 
     Chained to another branch's head (an app keeping two heads apart, after the several-heads
     refusal asked for --down-revision), or below the earlier revision, the new one could not
     see it: it installed the same tables again from step 0 beside it, so ``alembic upgrade
     heads`` ran it as the missing steps only, and downgrading its branch dropped every alkstore
-    table under the other branch's revision (offline, ``--sql`` created them twice). A
-    revision for another PostgreSQL schema (a second set of tables) is not such a copy."""
+    table under the other branch's revision (offline, ``--sql`` created them twice). With
+    another --schema it started a second line the chain cannot follow: once the heads were
+    merged, later runs continued one schema and refused the other ("cannot move the tables").
+    One chain carries one line of alkstore revisions, for one schema (docs/install.md: a
+    second application's tables belong to its own chain)."""
     from alembic.util import CommandError
 
     if script is None:
         return
     below = _below(script, down)
     for rev, (from_step, to_step), rev_schema in _generated(script):
-        if rev_schema == schema and rev not in below:
+        if rev not in below:
             heads = _heads_above(script, rev)
             raise CommandError(
                 f"alkstore's revision {rev} (alkstore steps {from_step} -> {to_step}, schema "
-                f"{schema!r}) is not below {down or 'base'}: a revision there would install "
-                f"the same tables a second time, on another branch. Pass --down-revision "
+                f"{rev_schema!r}) is not below {down or 'base'}: a revision there would start a "
+                f"second line of alkstore revisions on another branch (the same tables installed "
+                f"twice, or a second schema later runs cannot follow). Pass --down-revision "
                 f"{' or '.join(heads) or rev} (which continue from it), or merge the heads first "
                 f"(`alembic merge heads`)"
             )

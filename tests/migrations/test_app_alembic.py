@@ -878,7 +878,8 @@ def test_generator_refuses_a_second_install_on_another_branch(
     it did not see): `alembic upgrade heads` ran it as 2 -> 3, and downgrading that branch
     alone then dropped every alkstore table under the other branch's revision (online), and
     `upgrade heads --sql` created them twice. The generator refuses, naming the earlier
-    revision and the head that continues from it, and writes nothing."""
+    revision and the head that continues from it, and writes nothing: one chain, one line of
+    alkstore revisions."""
     app = write_app(tmp_path, f"sqlite:///{tmp_path / 'branches.db'}", "sqlite")
     app.add_migration("other_0001", None, "app_other")  # a second root: the app has two heads
     first = app.generate("--down-revision", APP_REVISION, "--to-step", "2")
@@ -896,10 +897,12 @@ def test_generator_refuses_a_second_install_on_another_branch(
     assert next(app.versions.glob(f"{rev}_*.py")).name.endswith(f"_alkstore_steps_2_to_{migrations.steps.HEAD}.py")
     _ok(app.alembic("upgrade", "heads"))
     assert _recorded(app, None) == migrations.head_revision()
-    # (PostgreSQL) a second application's tables, in a schema of their own, on the other
-    # branch are not a second install of the same tables
-    other = app.generate("--down-revision", "other_0001", "--schema", "app_b")
-    assert next(app.versions.glob(f"{other}_*.py")).name.endswith(f"_alkstore_steps_0_to_{migrations.steps.HEAD}.py")
+    # nor a second line for another schema: once the heads were merged, later runs continued
+    # one schema and refused the other ("cannot move the tables")
+    before = sorted(app.versions.iterdir())
+    assert_refused(capsys, ["alembic-revision", "-c", str(app.ini), "--down-revision", "other_0001",
+                            "--schema", "app_b"], rf"is not below other_0001.*--down-revision {rev}")
+    assert sorted(app.versions.iterdir()) == before
 
 
 @pytest.mark.parametrize("down", ["head", "app_00", "app_0001@head"])
