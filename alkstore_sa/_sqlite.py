@@ -301,10 +301,10 @@ def configure_sqlite_engine(engine: Engine) -> None:
     settings at its next checkout: an async engine's (aiosqlite) connections cannot be
     closed from synchronous code — disposing of its pool in a FastAPI lifespan, after the
     app's first query, logged a MissingGreenlet "Exception closing connection" per pooled
-    connection and left each one unclosed — and a pool that shares its connection between checkouts (StaticPool,
-    SingletonThreadPool, AssertionPool) closes it on dispose even while the application's
-    open transaction is on it: a Store made (or an engine register()ed) then lost that
-    transaction's rows."""
+    connection and left each one unclosed — and a pool that shares its connection between
+    checkouts (StaticPool, SingletonThreadPool, AssertionPool) closes it on dispose even
+    while the application's open transaction is on it: a Store made (or an engine
+    register()ed) then lost that transaction's rows."""
     if not event.contains(engine, "connect", _on_connect):
         event.listen(engine, "connect", _on_connect)
     if not engine.dialect.is_async and not isinstance(engine.pool, _SHARING_POOLS):

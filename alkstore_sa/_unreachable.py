@@ -54,6 +54,8 @@ def _is_connect_timeout(orig: object) -> bool:
 # role's default_transaction_read_only, a standby). The role's configuration, not a bug.
 PRIVILEGE_REFUSED = "42501"
 READ_ONLY_REFUSED = "25006"
+# what a role refused a privilege is told, wherever it is told (errors, the CLI, the dashboard)
+RUNTIME_GRANTS = 'grant this role the runtime GRANTs of docs/install.md ("A runtime role")'
 
 
 def refusal_advice(exc: BaseException) -> str | None:
@@ -63,10 +65,7 @@ def refusal_advice(exc: BaseException) -> str | None:
     orig = driver_error(exc)
     sqlstate = str(getattr(orig, "sqlstate", None) or "")
     if sqlstate == PRIVILEGE_REFUSED:
-        return (
-            'grant this role the runtime GRANTs of docs/install.md ("A runtime role"); a role '
-            "that may only read serves a read-only dashboard (read_only=True, --read-only)"
-        )
+        return f"{RUNTIME_GRANTS}; a role that may only read serves a read-only dashboard (read_only=True, --read-only)"
     code = getattr(orig, "sqlite_errorcode", None)
     if sqlstate == READ_ONLY_REFUSED or (isinstance(code, int) and code & 0xFF == 8):  # SQLITE_READONLY
         return "this database is read-only to this process: serve a read-only dashboard (read_only=True, --read-only)"

@@ -55,8 +55,8 @@ APPLICATION_NAME = "alkstore"
 def engine_from_url(url: str | URL, **kw: Any) -> Engine:
     """A SQLAlchemy Engine for ``url`` as alkstore reads it: every PostgreSQL URL through
     psycopg 3 with typed driver options, its connections named ``alkstore`` in
-    ``pg_stat_activity`` unless the URL or ``PGAPPNAME`` names them; ``kw`` goes to ``sa.create_engine`` (its
-    ``connect_args`` win over the URL's options)."""
+    ``pg_stat_activity`` unless the URL, its server options or ``PGAPPNAME`` name them;
+    ``kw`` goes to ``sa.create_engine`` (its ``connect_args`` win over the URL's options)."""
     parsed = parse_url(url)
     connect_args: dict[str, Any] = {}
     given = kw.pop("connect_args", None) or {}
@@ -271,7 +271,6 @@ def shown_url(url: URL) -> str:
     if secret:
         url = url.update_query_dict(secret)
     return url.render_as_string(hide_password=True).replace(_HIDDEN, "***")
-
 
 
 def _one_line(exc: BaseException) -> str:

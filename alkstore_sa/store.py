@@ -200,7 +200,7 @@ class Store:
         sync_engine = getattr(engine, "sync_engine", engine)
         if not isinstance(sync_engine, Engine) or sync_engine.dialect.name != self.engine.dialect.name:
             raise InvalidOptions("register() takes an Engine or AsyncEngine of the store's database kind")
-        _refuse_in_memory_engine(sync_engine)  # never the store's database, which is a file
+        _refuse_unusable_sqlite_engine(sync_engine)  # never the store's database, which is a file
         self.backend.for_dialect(sync_engine.dialect)  # an unsupported driver fails here
         if self.backend.name == "sqlite":
             configure_sqlite_engine(sync_engine)  # the same busy timeout as the store's own
@@ -638,7 +638,7 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
     """
     if isinstance(given, (str, URL)):
         url = parse_url(given)
-        _refuse_in_memory(url)
+        _refuse_unusable_sqlite(url)
         return engine_from_url(url), True, None  # postgres:// etc. mean psycopg 3 (SPEC §4)
     app = getattr(given, "sync_engine", given)  # an AsyncEngine's synchronous facade
     if not isinstance(app, Engine):
@@ -648,7 +648,7 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
         and (app.dialect.name != "postgresql" or app.dialect.driver == "psycopg")
         and not isinstance(app.pool, _SHARING_POOLS)
     ):
-        _refuse_in_memory_engine(app)
+        _refuse_unusable_sqlite_engine(app)
         return app, False, None
     if in_memory_sqlite(app.url) and not app.dialect.is_async and _opens_a_file(app):
         raise InvalidOptions(
@@ -657,7 +657,7 @@ def _own_engine(given: Any) -> tuple[Engine, bool, Engine | None]:
             "checkouts): make the store's engine on that file and register this one, "
             "Store(create_engine('sqlite:///PATH')).register(engine)"
         )
-    _refuse_in_memory(app.url)
+    _refuse_unusable_sqlite(app.url)
     if _has_own_creator(app):
         # the creator decides where the engine connects, whatever its URL says (nothing,
         # often: create_engine("postgresql+psycopg2://", creator=...)): an engine made from
@@ -706,8 +706,9 @@ def _has_own_creator(engine: Engine) -> bool:
     return _URL_CREATOR is not None and name is not None and name != _URL_CREATOR
 
 
-def _refuse_in_memory(url: URL) -> None:
-    """InvalidOptions for an in-memory SQLite database, sync or async. It lives inside one
+def _refuse_unusable_sqlite(url: URL) -> None:
+    """InvalidOptions for an in-memory SQLite database, sync or async, and for one opened in
+    shared-cache mode (``_refuse_shared_cache``). An in-memory database lives inside one
     connection (or one sqlite3 connection shared under StaticPool), while a store opens,
     closes and disposes its own connections and runs worker threads: install() would drop
     the database with its pool, and the worker's connections would each see another one."""
@@ -721,13 +722,13 @@ def _refuse_in_memory(url: URL) -> None:
     _refuse_shared_cache(url)
 
 
-def _refuse_in_memory_engine(engine: Engine) -> None:
-    """``_refuse_in_memory`` for an Engine, whose URL may name no file while its
+def _refuse_unusable_sqlite_engine(engine: Engine) -> None:
+    """``_refuse_unusable_sqlite`` for an Engine, whose URL may name no file while its
     ``creator=`` opens one: a sync engine's such URL is checked against the database a
     connection actually opened (SQLite's ``PRAGMA database_list``); an async engine's
     facade cannot connect here, so its URL's word stands."""
     if in_memory_sqlite(engine.url) and (engine.dialect.is_async or not _opens_a_file(engine)):
-        _refuse_in_memory(engine.url)
+        _refuse_unusable_sqlite(engine.url)
     _refuse_shared_cache(engine.url)
 
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
+from .._unreachable import PRIVILEGE_REFUSED, RUNTIME_GRANTS
 from ..errors import DatabaseError, InvalidOptions, NotInstalled, SchemaOutdated, install_advice
 from ..schema import DEFAULT_SCHEMA, JOB_FIELDS, jobs
 from .sql import PROCESSING, Executor, bp
@@ -314,12 +315,11 @@ def _privilege_advice(orig: BaseException) -> str:
     """For a privilege the server refused the role (insufficient_privilege): what to grant.
     The server names the table or schema; the usual cause after an upgrade is a table the
     migration added that the default privileges did not reach."""
-    if (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) != "42501":
+    if (getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)) != PRIVILEGE_REFUSED:
         return ""
     return (
-        ' (grant this role the runtime GRANTs of docs/install.md, "A runtime role"; tables a '
-        "later migration added are granted only by the ALTER DEFAULT PRIVILEGES of the role "
-        "that ran it)"
+        f" ({RUNTIME_GRANTS}; tables a later migration added are granted only by the ALTER "
+        "DEFAULT PRIVILEGES of the role that ran it)"
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .._unreachable import driver_error, is_connect_failure
+from .._unreachable import PRIVILEGE_REFUSED, RUNTIME_GRANTS, driver_error, is_connect_failure
 from .._urls import shown_url
 from ..errors import AlkstoreError, DatabaseError, NotInstalled
 from ._shown import shown
@@ -132,11 +132,11 @@ def _database_message(exc: BaseException, args: argparse.Namespace | None) -> st
                 "database file, not a directory, that this process may open)"
             )
         return f"cannot connect to the database{where}: {text} (check {check} and that the server is running)"
-    if sqlstate == "42501":  # insufficient_privilege
+    if sqlstate == PRIVILEGE_REFUSED:
         if getattr(args, "command", None) == "migrate":
             advice = "run this as a role with that privilege, e.g. the owner of the database or schema"
         else:  # the application's role needs grants, not the owner's rights
-            advice = 'grant this role the runtime GRANTs of docs/install.md, "A runtime role"'
+            advice = RUNTIME_GRANTS
         return f"the database refused: {text} ({advice})"
     if isinstance(exc, DatabaseError) and orig is not exc and not str(exc).startswith(f"{type(orig).__name__}:"):
         # alkstore said what it was doing and what to do (the migrations do): keep that

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from .. import _sqlite, _validate
+from .._unreachable import PRIVILEGE_REFUSED, RUNTIME_GRANTS
 from .._urls import engine_from_url, parse_url
 from ..errors import (
     DatabaseError,
@@ -348,9 +349,8 @@ MIGRATE_RIGHTS = (
     "runtime GRANTs of docs/install.md"
 )
 READ_RIGHTS = (
-    "this role may not read alkstore's tables: grant it the runtime GRANTs of docs/install.md "
-    "(\"A runtime role\": USAGE on the schema, SELECT, INSERT, UPDATE, DELETE on its tables, "
-    "USAGE, SELECT on its sequences)"
+    f"this role may not read alkstore's tables: {RUNTIME_GRANTS}: USAGE on the schema, SELECT, "
+    "INSERT, UPDATE, DELETE on its tables, USAGE, SELECT on its sequences"
 )
 
 
@@ -359,7 +359,7 @@ def _driver_error(what: str, exc: BaseException, rights: str = MIGRATE_RIGHTS) -
     refused privilege says what to grant (``rights``)."""
     orig = getattr(exc, "orig", None) or exc
     message = f"{what}: {type(orig).__name__}: {' '.join(str(orig).split())}"
-    if getattr(orig, "sqlstate", None) == "42501":  # insufficient_privilege
+    if getattr(orig, "sqlstate", None) == PRIVILEGE_REFUSED:
         message += f" ({rights})"
     return DatabaseError(message, orig=orig)
 

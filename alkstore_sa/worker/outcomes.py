@@ -274,7 +274,7 @@ def _grouped(exc: BaseException) -> BaseException | None:
 def _later(retry: BaseException) -> float:
     """A Retry's delay in seconds, for choosing the latest; the curve (None, or a delay that
     cannot be read) and a delay its handle would refuse (a subclass that skipped the checks,
-    refused as it would be alone) come first."""
+    refused as it would be alone) rank above every delay, so they are chosen."""
     delay = _attribute(retry, "delay")
     if delay is None or delay is _UNREADABLE:
         return float("inf")
